@@ -1,0 +1,126 @@
+"""GPT-2 as `transformers` defines it: named size presets, model construction, a size report.
+
+Using `GPT2LMHeadModel` itself (not a re-implementation) keeps every checkpoint loadable by
+any inference stack that reads Hugging Face GPT-2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GPT2_VOCAB_SIZE = 50257
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The hyper-parameters that fix a GPT-2's size."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int = 1024
+    vocab_size: int = GPT2_VOCAB_SIZE
+
+    def num_params(self) -> int:
+        """Exact parameter count of GPT2LMHeadModel with tied embeddings (lm_head shares wte)."""
+        d, L = self.n_embd, self.n_layer
+        embed = self.vocab_size * d + self.block_size * d
+        # per block: 2 LayerNorms (4d), attn c_attn (3d*d+3d) + c_proj (d*d+d),
+        # mlp c_fc (4d*d+4d) + c_proj (4d*d+d)
+        block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+        return embed + L * block + 2 * d  # + final LayerNorm
+
+
+# GPT-2's own sizes (OpenAI / Hugging Face hub names) plus small ones for CPU work.
+MODEL_PRESETS: dict[str, ModelShape] = {
+    "gpt2-tiny": ModelShape(n_layer=4, n_head=4, n_embd=128, block_size=256),
+    "gpt2-mini": ModelShape(n_layer=6, n_head=6, n_embd=384, block_size=256),
+    "gpt2": ModelShape(n_layer=12, n_head=12, n_embd=768),
+    "gpt2-medium": ModelShape(n_layer=24, n_head=16, n_embd=1024),
+    "gpt2-large": ModelShape(n_layer=36, n_head=20, n_embd=1280),
+    "gpt2-xl": ModelShape(n_layer=48, n_head=25, n_embd=1600),
+}
+
+
+def resolve_shape(
+    preset: str,
+    n_layer: int | None = None,
+    n_head: int | None = None,
+    n_embd: int | None = None,
+    block_size: int | None = None,
+) -> ModelShape:
+    """A preset with any of its fields overridden. Unknown preset names raise KeyError."""
+    if preset not in MODEL_PRESETS:
+        raise KeyError(f"unknown model preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    base = MODEL_PRESETS[preset]
+    return ModelShape(
+        n_layer=n_layer or base.n_layer,
+        n_head=n_head or base.n_head,
+        n_embd=n_embd or base.n_embd,
+        block_size=block_size or base.block_size,
+        vocab_size=base.vocab_size,
+    )
+
+
+def gpt2_config(shape: ModelShape, dropout: float = 0.0):
+    """The `transformers.GPT2Config` for a shape (SDPA attention, GPT-2's defaults otherwise)."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=shape.vocab_size,
+        n_positions=shape.block_size,
+        n_embd=shape.n_embd,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        bos_token_id=50256,
+        eos_token_id=50256,
+        tie_word_embeddings=True,
+    )
+
+
+def build_model(shape: ModelShape, dropout: float = 0.0, init_from: str = "scratch"):
+    """A `GPT2LMHeadModel`: freshly initialised, or loaded from a Hugging Face directory/name.
+
+    `init_from` other than "scratch" is passed to `from_pretrained`; the hub is only reached
+    where the machine can, so offline clusters pass a local directory.
+    """
+    from transformers import GPT2LMHeadModel
+
+    if init_from == "scratch":
+        cfg = gpt2_config(shape, dropout)
+        cfg._attn_implementation = "sdpa"
+        return GPT2LMHeadModel(cfg)
+    return GPT2LMHeadModel.from_pretrained(
+        init_from,
+        attn_implementation="sdpa",
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+    )
+
+
+def shape_of(model) -> ModelShape:
+    """The shape of a built model (e.g. one loaded with `init_from`)."""
+    c = model.config
+    return ModelShape(c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size)
+
+
+def count_params(model: torch.nn.Module) -> int:
+    """Unique parameters (tied tensors counted once)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def flops_per_token(shape: ModelShape) -> float:
+    """Training FLOPs per token (6N + attention), as in the PaLM paper's MFU accounting."""
+    n = shape.num_params() - shape.block_size * shape.n_embd
+    return 6 * n + 12 * shape.n_layer * shape.n_embd * shape.block_size
