@@ -124,3 +124,14 @@ def flops_per_token(shape: ModelShape) -> float:
     """Training FLOPs per token (6N + attention), as in the PaLM paper's MFU accounting."""
     n = shape.num_params() - shape.block_size * shape.n_embd
     return 6 * n + 12 * shape.n_layer * shape.n_embd * shape.block_size
+
+
+def lm_loss(model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy of `model` (a GPT2LMHeadModel or a DeepSpeed engine around one).
+
+    x, y: (B, T) token ids, y = x shifted by one. Logits are upcast to fp32 for the loss.
+    """
+    logits = model(input_ids=x, use_cache=False).logits  # (B, T, V)
+    return torch.nn.functional.cross_entropy(
+        logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction=reduction
+    )

@@ -1,0 +1,135 @@
+"""Token data for training and evaluation: checked memmaps, a per-rank sampler, eval windows.
+
+`train.bin`/`val.bin` are flat uint16 GPT-2 token ids (nanoGPT's format) described by
+`meta.json` (written by tools/prepare_data.py). Batches are drawn by a counter-based sampler: the
+batch for (seed, rank, step) is a pure function of those three numbers, so the sampler's whole
+state is one integer and a resumed run sees exactly the data an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpt_ds.errors import DataError
+
+FORMAT = "gpt_ds.tokens"
+SCAN_CHUNK = 1 << 24  # tokens per chunk when checking ids (32 MB of uint16)
+
+
+@dataclass
+class TokenData:
+    train: np.ndarray  # memmap, uint16
+    val: np.ndarray
+    meta: dict
+
+
+def load_token_data(data_dir: str | Path, vocab_size: int, block_size: int) -> TokenData:
+    """Open and check a prepared dataset; every problem is a DataError naming the file.
+
+    Checks: meta.json parses and describes GPT-2 tokens of our tokenizer, each .bin has exactly
+    the size meta.json promises (a truncated copy is caught), no id is beyond the vocabulary,
+    and both splits hold at least one block + 1 tokens.
+    """
+    from gpt_ds.tokenizer import tokenizer_fingerprint
+
+    data_dir = Path(data_dir)
+    meta_path = data_dir / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"{meta_path}: cannot read dataset description: {exc}") from exc
+    hint = f"re-create it with: python tools/prepare_data.py --out_dir {data_dir}"
+    if meta.get("format") != FORMAT or meta.get("dtype") != "uint16":
+        raise DataError(f"{meta_path}: not a gpt_ds token dataset (format/dtype); {hint}")
+    if meta.get("tokenizer") != "gpt2" or meta.get("tokenizer_sha256") != tokenizer_fingerprint():
+        raise DataError(
+            f"{meta_path}: made with tokenizer {meta.get('tokenizer')!r} "
+            f"({meta.get('tokenizer_sha256')}), not this package's GPT-2 BPE; {hint}"
+        )
+    if meta.get("vocab_size", 0) > vocab_size:
+        raise DataError(
+            f"{meta_path}: vocab_size {meta['vocab_size']} exceeds the model's {vocab_size}"
+        )
+    splits = {}
+    for split in ("train", "val"):
+        path = data_dir / f"{split}.bin"
+        expected = int(meta.get(f"{split}_tokens", -1))
+        size = path.stat().st_size if path.exists() else -1
+        if size != expected * 2:
+            raise DataError(
+                f"{path}: {size} bytes, but meta.json says {expected} uint16 tokens "
+                f"({expected * 2} bytes): the file is truncated or from another dataset; {hint}"
+            )
+        if expected < block_size + 1:
+            raise DataError(
+                f"{path}: {expected} tokens, fewer than one block of {block_size} + 1; "
+                "use more data, a larger --val_fraction, or a smaller --block_size"
+            )
+        tokens = np.memmap(path, dtype=np.uint16, mode="r")
+        _check_ids(tokens, vocab_size, path)
+        splits[split] = tokens
+    return TokenData(train=splits["train"], val=splits["val"], meta=meta)
+
+
+def _check_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
+    for start in range(0, len(tokens), SCAN_CHUNK):
+        chunk = tokens[start : start + SCAN_CHUNK]
+        top = int(chunk.max())
+        if top >= vocab_size:
+            pos = start + int(np.argmax(chunk >= vocab_size))
+            raise DataError(
+                f"{path}: token id {int(tokens[pos])} at position {pos} is beyond the "
+                f"vocabulary ({vocab_size}); the file is corrupt or from another tokenizer"
+            )
+
+
+class TrainSampler:
+    """Random training windows for one rank, reproducible from (seed, rank, step).
+
+    `next_batch()` returns (x, y) of shape (B, T): y is x shifted by one token.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int):
+        self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
+        self.seed, self.rank = seed, rank
+        self.position = 0  # micro-batches drawn so far
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = np.random.default_rng([self.seed, self.rank, self.position])
+        self.position += 1
+        starts = rng.integers(0, len(self.tokens) - self.block_size - 1, size=self.batch_size)
+        rows = np.stack([self.tokens[s : s + self.block_size + 1] for s in starts]).astype(np.int64)
+        batch = torch.from_numpy(rows)  # (B, T+1)
+        return batch[:, :-1], batch[:, 1:]
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "rank": self.rank, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["seed"] != self.seed:
+            raise DataError(f"sampler state has seed {state['seed']}, this run {self.seed}")
+        self.position = int(state["position"])
+
+
+def eval_windows(num_tokens: int, block_size: int, count: int) -> np.ndarray:
+    """Start offsets of `count` fixed windows spread evenly over the val split.
+
+    Fixed (not random) so every evaluation, in every run and at every world size, scores the
+    same tokens. Windows do not overlap while the split is long enough.
+    """
+    last = num_tokens - block_size - 1
+    if count <= 1:
+        return np.zeros(1, dtype=np.int64)
+    return np.linspace(0, last, num=count).round().astype(np.int64)
+
+
+def window_batch(tokens: np.ndarray, starts: np.ndarray, block_size: int):
+    """(x, y) for the given window starts; shape (len(starts), block_size)."""
+    rows = np.stack([tokens[s : s + block_size + 1] for s in starts]).astype(np.int64)
+    batch = torch.from_numpy(rows)
+    return batch[:, :-1], batch[:, 1:]

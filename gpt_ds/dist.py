@@ -1,0 +1,112 @@
+"""Process-group helpers: rank/world, rank-0 printing, all-reduce of Python numbers, teardown.
+
+DeepSpeed owns the process group (NCCL/RCCL on GPUs, gloo on CPU); these are thin conveniences
+over `deepspeed.comm` / `torch.distributed` so the rest of the code never checks `is_initialized`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+
+
+def init() -> None:
+    """Join the process group the launcher set up (or a one-process group for `python train.py`)."""
+    import deepspeed
+
+    if "RANK" not in os.environ:  # plain `python gpt_ds/train.py`: be a world of one
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    deepspeed.init_distributed(dist_init_required=True)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank() -> int:
+    return tdist.get_rank() if tdist.is_initialized() else int(os.environ.get("RANK", 0))
+
+
+def world_size() -> int:
+    return (
+        tdist.get_world_size() if tdist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+    )
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def print0(*args, **kwargs) -> None:
+    """Print on global rank 0 only, flushed so logs interleave sanely under the launcher."""
+    if is_main():
+        print(*args, **kwargs, flush=True)
+
+
+def device() -> torch.device:
+    """This rank's compute device: its GPU, or the CPU."""
+    from deepspeed.accelerator import get_accelerator
+
+    name = get_accelerator().device_name()
+    return torch.device("cpu") if name == "cpu" else torch.device(name, local_rank())
+
+
+def barrier() -> None:
+    if tdist.is_initialized():
+        tdist.barrier()
+
+
+def all_reduce_sum(values: list[float], dev: torch.device | None = None) -> list[float]:
+    """Sum a few float64 numbers across ranks (losses, token counts, flags)."""
+    t = torch.tensor(values, dtype=torch.float64, device=dev or device())
+    if tdist.is_initialized() and world_size() > 1:
+        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank if it is true on any rank (so all ranks take the same branch)."""
+    return all_reduce_sum([1.0 if flag else 0.0])[0] > 0
+
+
+def shm_buffer_paths() -> list[Path]:
+    """This rank's DeepSpeed CPU all-reduce buffer in /dev/shm (the comm op never unlinks it).
+
+    Name, from deepspeed/ops/csrc/cpu/comm/shm.cpp:
+    deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>.
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port or not Path("/dev/shm").is_dir():
+        return []
+    name = f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank()}"
+    return [p for p in [Path("/dev/shm") / name] if p.exists()]
+
+
+def shutdown() -> None:
+    """Leave the process group cleanly and free this run's shared memory.
+
+    Without an explicit destroy, ZeRO-3 ranks occasionally abort at interpreter exit; without
+    the unlink, every CPU launch leaks ~130 MB of RAM in /dev/shm.
+    """
+    try:
+        if tdist.is_initialized():
+            tdist.destroy_process_group()
+    except Exception as exc:  # teardown must not mask the run's own outcome
+        print(f"[rank {rank()}] warning: destroy_process_group failed: {exc}", file=sys.stderr)
+    for path in shm_buffer_paths():
+        path.unlink(missing_ok=True)

@@ -1,0 +1,139 @@
+"""End-to-end training with real DeepSpeed ranks (gloo on CPU) on Tiny Shakespeare.
+
+References are computed independently in each test: a one-process `transformers` evaluation of
+the consolidated weights (DeepSpeed's own zero_to_fp32), and an uninterrupted run for resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import read_metrics, tiny_run_args
+from ds_launch import REPO, run_deepspeed, run_python
+
+pytestmark = pytest.mark.slow
+
+
+def train_losses(out_dir) -> dict[int, float]:
+    return {r["iter"]: r["loss"] for r in read_metrics(out_dir) if "loss" in r}
+
+
+def eval_records(out_dir) -> list[dict]:
+    return [r for r in read_metrics(out_dir) if "val_loss" in r]
+
+
+def consolidated_model(out_dir, tag: str):
+    """GPT2LMHeadModel holding the fp32 weights DeepSpeed's own converter gathers from `tag`."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    manifest = json.loads((out_dir / tag / "gpt_ds.json").read_text())
+    m = manifest["model"]
+    config = GPT2Config(
+        vocab_size=m["vocab_size"],
+        n_positions=m["block_size"],
+        n_embd=m["n_embd"],
+        n_layer=m["n_layer"],
+        n_head=m["n_head"],
+    )
+    model = GPT2LMHeadModel(config)
+    state = get_fp32_state_dict_from_zero_checkpoint(str(out_dir), tag=tag)
+    model.load_state_dict(state, strict=False)
+    return model.eval()
+
+
+def reference_val_loss(model, val_bin, block_size: int, windows: int) -> float:
+    """Token-weighted mean loss over evenly spaced val windows, one process, plain torch."""
+    tokens = np.memmap(val_bin, dtype=np.uint16, mode="r")
+    starts = np.linspace(0, len(tokens) - block_size - 1, num=windows).round().astype(int)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for s in starts:
+            w = torch.from_numpy(tokens[s : s + block_size + 1].astype(np.int64))
+            logits = model(input_ids=w[None, :-1]).logits[0]
+            total += torch.nn.functional.cross_entropy(logits, w[1:], reduction="sum").item()
+            count += block_size
+    return total / count
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_each_zero_stage_trains_and_loss_falls(stage, shakespeare_dir, tmp_path):
+    out = tmp_path / f"zero{stage}"
+    args = tiny_run_args(
+        shakespeare_dir, out, deepspeed_config=f"ds_configs/zero{stage}.json", max_iters=24
+    )
+    proc = run_deepspeed(args, num_gpus=2)
+    assert "rank 1/2" in proc.stdout
+    losses = train_losses(out)
+    assert sorted(losses) == list(range(1, 25))
+    first, last = np.mean([losses[i] for i in (1, 2)]), np.mean([losses[i] for i in (23, 24)])
+    assert first > 10.0  # ~ln(50257) at initialisation
+    assert last < first - 2.5, f"loss did not fall clearly: {first:.3f} -> {last:.3f}"
+    evals = eval_records(out)
+    assert [e["iter"] for e in evals] == [10, 20, 24]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]
+    assert (out / "latest").read_text() == "final"
+    manifest = json.loads((out / "final" / "gpt_ds.json").read_text())
+    assert manifest["zero_stage"] == stage and manifest["world_size"] == 2
+    assert {p.name for p in out.iterdir() if p.is_dir()} == {"iter_10", "iter_20", "final"}
+
+
+def test_distributed_eval_equals_one_process_reference(shakespeare_dir, tmp_path):
+    out = tmp_path / "run"
+    args = tiny_run_args(shakespeare_dir, out, max_iters=12, eval_interval=6, eval_iters=5)
+    run_deepspeed(args, num_gpus=2)
+    logged = eval_records(out)[-1]
+    assert logged["iter"] == 12
+    model = consolidated_model(out, "final")
+    # eval_iters 5 x micro_batch 4 = 20 windows, 10 per rank
+    ref = reference_val_loss(model, shakespeare_dir / "val.bin", 64, windows=20)
+    assert math.isclose(logged["val_loss"], ref, rel_tol=0, abs_tol=2e-5), (logged, ref)
+    assert math.isclose(logged["val_ppl"], math.exp(ref), rel_tol=1e-4)
+
+
+def test_eval_with_uneven_windows_per_rank(shakespeare_dir, tmp_path):
+    """5 windows on 2 ranks (3 + 2, one zero-weight padded batch) == one-process reference."""
+    out = tmp_path / "run"
+    args = tiny_run_args(
+        shakespeare_dir, out, micro_batch_size=1, max_iters=6, eval_interval=0, eval_iters=5
+    )
+    run_deepspeed(args, num_gpus=2)
+    two_rank = eval_records(out)[-1]["val_loss"]
+    ref = reference_val_loss(consolidated_model(out, "final"), shakespeare_dir / "val.bin", 64, 5)
+    assert math.isclose(two_rank, ref, rel_tol=0, abs_tol=2e-5), (two_rank, ref)
+
+
+def test_plain_python_runs_one_rank(shakespeare_dir, tmp_path):
+    """`python gpt_ds/train.py` trains as a world of one and evaluates like the reference."""
+    out = tmp_path / "one"
+    args = tiny_run_args(shakespeare_dir, out, max_iters=4, eval_interval=2, eval_iters=3)
+    proc = run_python([str(REPO / "gpt_ds" / "train.py"), *args])
+    assert "rank 0/1" in proc.stdout
+    assert sorted(train_losses(out)) == [1, 2, 3, 4]
+    logged = eval_records(out)[-1]["val_loss"]
+    ref = reference_val_loss(consolidated_model(out, "final"), shakespeare_dir / "val.bin", 64, 12)
+    assert math.isclose(logged, ref, rel_tol=0, abs_tol=2e-5), (logged, ref)
+
+
+def test_resume_continues_the_same_run(shakespeare_dir, tmp_path):
+    """2K iterations in one go == K iterations, --resume, K more: same losses, same weights."""
+    k = 6
+    common = {"eval_interval": 3, "lr_decay_iters": 2 * k, "dropout": 0.1}
+    full = tmp_path / "full"
+    run_deepspeed(tiny_run_args(shakespeare_dir, full, max_iters=2 * k, **common))
+    split = tmp_path / "split"
+    run_deepspeed(tiny_run_args(shakespeare_dir, split, max_iters=k, **common))
+    proc = run_deepspeed(
+        tiny_run_args(shakespeare_dir, split, max_iters=2 * k, resume=True, **common)
+    )
+    assert f"resumed from {split}/final at iteration {k}" in proc.stdout
+    a, b = train_losses(full), train_losses(split)
+    assert [a[i] for i in range(1, 2 * k + 1)] == [b[i] for i in range(1, 2 * k + 1)]
+    wa = consolidated_model(full, "final").state_dict()
+    wb = consolidated_model(split, "final").state_dict()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
