@@ -20,6 +20,8 @@ import os
 import random
 import re
 import shutil
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,13 +192,23 @@ class Checkpointer:
                 shutil.rmtree(staging)  # leftover of a save that was killed
         dist.barrier()
         client_state = {"gpt_ds": {"iteration": iteration, "tag": tag, **extra}}
-        engine.save_checkpoint(
-            str(self.out_dir), tag=staging_tag, client_state=client_state, save_latest=False
-        )
-        rank_file = staging / rank_state_name(rank)
-        tmp = rank_file.with_suffix(".tmp")
-        torch.save({"rng": capture_rng(), "sampler": sampler.state_dict()}, tmp)
-        os.replace(tmp, rank_file)
+        try:
+            engine.save_checkpoint(
+                str(self.out_dir), tag=staging_tag, client_state=client_state, save_latest=False
+            )
+            rank_file = staging / rank_state_name(rank)
+            tmp = rank_file.with_suffix(".tmp")
+            torch.save({"rng": capture_rng(), "sampler": sampler.state_dict()}, tmp)
+            os.replace(tmp, rank_file)
+        except (OSError, RuntimeError) as exc:  # disk full, permissions, I/O errors
+            shutil.rmtree(staging, ignore_errors=True)
+            previous = self.latest_tag()
+            raise CheckpointError(
+                f"saving checkpoint {tag!r} to {self.out_dir} failed on rank {rank}: {exc}. "
+                f"Nothing was published; the previous checkpoint "
+                f"({previous or 'none'}) is intact. Free space or fix permissions, then "
+                "--resume."
+            ) from exc
         dist.barrier()
         final = self.out_dir / tag
         if rank == 0:
@@ -280,13 +292,14 @@ class Checkpointer:
                 "resume with the same --model/--n_layer/--n_head/--n_embd/--block_size"
             )
         world = dist.world_size()
-        if manifest["world_size"] != world:
+        universal = bool(manifest.get("universal"))
+        if not universal and manifest["world_size"] != world:
             raise CheckpointError(
                 f"{tag_dir}: saved by {manifest['world_size']} ranks, this run has {world}; "
                 "convert it first: python tools/universal_checkpoint.py "
                 f"{self.out_dir} --tag {tag} (then --resume {tag}_universal)"
             )
-        if manifest["zero_stage"] != engine.zero_optimization_stage():
+        if not universal and manifest["zero_stage"] != engine.zero_optimization_stage():
             raise CheckpointError(
                 f"{tag_dir}: saved with ZeRO stage {manifest['zero_stage']}, this run uses "
                 f"{engine.zero_optimization_stage()}; use the same --deepspeed_config preset"
@@ -296,8 +309,17 @@ class Checkpointer:
         )
         if path is None:
             raise CheckpointError(f"{tag_dir}: DeepSpeed could not load this checkpoint")
-        state = torch.load(tag_dir / rank_state_name(dist.rank()), weights_only=False)
-        restore_rng(state["rng"])
+        rank_file = tag_dir / rank_state_name(dist.rank())
+        if rank_file.exists():
+            state = torch.load(rank_file, weights_only=False)
+            restore_rng(state["rng"])
+        else:  # a universal checkpoint on another world size: ranks' streams start afresh
+            state = torch.load(tag_dir / rank_state_name(0), weights_only=False)
+            state["sampler"]["rank"] = dist.rank()
+            seed = int(manifest["config"]["seed"]) + 1000 * dist.rank() + int(manifest["iteration"])
+            torch.manual_seed(seed)
+            np.random.seed(seed % 2**32)
+            random.seed(seed)
         return Resumed(
             tag=tag,
             iteration=int(manifest["iteration"]),
@@ -306,3 +328,55 @@ class Checkpointer:
             sampler_state=state["sampler"],
             manifest=manifest,
         )
+
+
+def universal_tag(tag: str) -> str:
+    return f"{tag}_universal"
+
+
+def convert_to_universal(out_dir: str | Path, tag: str) -> str:
+    """Convert a complete tag with DeepSpeed's `ds_to_universal`, for another world size.
+
+    The result `<tag>_universal` is published like any checkpoint (staging directory, then a
+    manifest marked `"universal": true`) and carries rank 0's sampler position. Returns its tag.
+    Runs in one process (rank 0, or by hand through tools/universal_checkpoint.py).
+    """
+    out_dir = Path(out_dir)
+    src, dst_tag = out_dir / tag, universal_tag(tag)
+    dst = out_dir / dst_tag
+    manifest = read_manifest(src)
+    if manifest is None:
+        raise CheckpointError(f"{src}: not a complete checkpoint (no {MANIFEST})")
+    if manifest.get("universal"):
+        return tag
+    if read_manifest(dst):
+        return dst_tag
+    staging = out_dir / (dst_tag + PARTIAL)
+    shutil.rmtree(staging, ignore_errors=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(src),
+        "--output_folder",
+        str(staging),
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
+    if manifest["zero_stage"] < 3:  # ZeRO-1/2 files lack the info block; injected in memory
+        cmd.append("--inject_missing_state")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(
+            f"ds_to_universal failed on {src} (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
+    shutil.copy2(src / rank_state_name(0), staging / rank_state_name(0))
+    universal = {**manifest, "tag": dst_tag, "universal": True, "source_tag": tag}
+    _atomic_write_text(staging / MANIFEST, json.dumps(universal, indent=2))
+    os.replace(staging, dst)
+    (out_dir / "latest_universal").unlink(missing_ok=True)  # ds_to_universal's own pointer
+    return dst_tag

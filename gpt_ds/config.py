@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from gpt_ds.ds_config import preset_path
 from gpt_ds.errors import ConfigError
 from gpt_ds.model import MODEL_PRESETS
 
@@ -142,8 +143,11 @@ def validate(cfg: RunConfig) -> None:
         n_embd = cfg.n_embd or MODEL_PRESETS[cfg.model].n_embd
         if n_embd % n_head:
             problems.append(f"n_embd {n_embd} is not divisible by n_head {n_head}")
-    if not Path(cfg.deepspeed_config).is_file():
-        problems.append(f"--deepspeed_config {cfg.deepspeed_config}: file not found")
+    if not preset_path(cfg.deepspeed_config).is_file():
+        problems.append(
+            f"--deepspeed_config {cfg.deepspeed_config}: file not found "
+            "(give a path or a preset name: zero1, zero2, zero3, zero2_offload, zero3_offload)"
+        )
     data = Path(cfg.data_dir)
     missing = [n for n in ("train.bin", "val.bin", "meta.json") if not (data / n).is_file()]
     if missing:

@@ -10,7 +10,6 @@ import json
 import math
 import resource
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -62,27 +61,27 @@ class MetricsLogger:
         self.flops_per_token = flops_per_token
         self.world_size = world_size
         self.peak_flops = peak_flops_per_device()
-        self._t0 = time.perf_counter()
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def restart_clock(self) -> None:
-        self._t0 = time.perf_counter()
 
     def write(self, record: dict) -> None:
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def log_train(self, iteration: int, loss: float, lr: float, tokens: int, steps: int) -> dict:
-        """Log `steps` iterations that processed `tokens` tokens (all ranks) since the last call."""
-        now = time.perf_counter()
-        dt = max(now - self._t0, 1e-9)
-        self._t0 = now
+    def log_train(
+        self, iteration: int, loss: float, lr: float, tokens: int, steps: int, seconds: float
+    ) -> dict:
+        """Log `steps` iterations that processed `tokens` tokens (all ranks) in `seconds`.
+
+        `seconds` counts training steps only, so evaluation and checkpoint time do not
+        depress the throughput figures.
+        """
+        dt = max(seconds, 1e-9)
         tps = tokens / dt
         rec = {
             "iter": iteration,
-            "loss": round(loss, 6),
+            "loss": loss,
             "lr": lr,
             "tokens_per_sec": round(tps, 1),
             "step_time_s": round(dt / steps, 4),
@@ -103,9 +102,9 @@ class MetricsLogger:
     def log_eval(
         self, iteration: int, val_loss: float, train_loss: float | None, ppl: float
     ) -> None:
-        rec = {"iter": iteration, "val_loss": round(val_loss, 6), "val_ppl": round(ppl, 3)}
+        rec = {"iter": iteration, "val_loss": val_loss, "val_ppl": round(ppl, 3)}
         if train_loss is not None and math.isfinite(train_loss):
-            rec["train_loss"] = round(train_loss, 6)
+            rec["train_loss"] = train_loss
         if self.enabled:
             print(f"eval {iteration:6d} | val loss {val_loss:.4f} | val ppl {ppl:.2f}", flush=True)
             self.write(rec)

@@ -22,15 +22,21 @@ if sys.prefix != sys.base_prefix:  # a venv: keep DeepSpeed's JIT-built ops insi
 import math  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
+import time  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 
 import torch  # noqa: E402
 
 from gpt_ds import dist  # noqa: E402
-from gpt_ds.checkpoint import Checkpointer  # noqa: E402
+from gpt_ds.checkpoint import (  # noqa: E402
+    Checkpointer,
+    convert_to_universal,
+    read_manifest,
+    universal_tag,
+)
 from gpt_ds.config import RunConfig, parse_args, validate  # noqa: E402
 from gpt_ds.data import TrainSampler, load_token_data  # noqa: E402
-from gpt_ds.ds_config import RunBatchAndOptim, load_ds_config, resolve_ds_config  # noqa: E402
+from gpt_ds.ds_config import RunSettings, load_ds_config, preset_path, resolve_ds_config  # noqa: E402
 from gpt_ds.errors import GptDsError  # noqa: E402
 from gpt_ds.evaluation import evaluate  # noqa: E402
 from gpt_ds.metrics import MetricsLogger  # noqa: E402
@@ -85,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         validate(cfg)
         shape = model_shape_for(cfg)
-        raw_ds = load_ds_config(cfg.deepspeed_config)
+        raw_ds = load_ds_config(preset_path(cfg.deepspeed_config))
         resolved = resolve_ds_config(
             raw_ds,
-            RunBatchAndOptim(
+            RunSettings(
                 world_size=world,
                 micro_batch_size=cfg.micro_batch_size,
                 grad_accum=cfg.grad_accum,
@@ -151,11 +157,12 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
     for note in resolved.notes:
         dist.print0(note)
     dist.print0(
-        f"batch: {mb} seq x {ga} accum x {world} ranks = {mb * ga * world} sequences "
-        f"= {tokens_per_iter:,} tokens per iteration; data: {len(data.train):,} train / "
+        f"tokens per iteration: {tokens_per_iter:,}; data: {len(data.train):,} train / "
         f"{len(data.val):,} val tokens"
     )
 
+    if resume_tag:
+        resume_tag = universal_if_resized(ckpt, resume_tag, resolved.config)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(shape, cfg.dropout, cfg.init_from)
     if cfg.activation_checkpointing:
@@ -212,10 +219,10 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
         metrics.event({"event": "checkpoint", "iter": it, "tag": tag, "message": f"saved {path}"})
 
     engine.train()
-    log_loss, log_steps, since_eval = 0.0, 0, []
+    log_loss, log_steps, log_seconds, since_eval = 0.0, 0, 0.0, []
     last_val = None
-    metrics.restart_clock()
     for it in range(start_iter + 1, cfg.max_iters + 1):
+        t0 = time.perf_counter()
         loss_sum = 0.0
         for _ in range(ga):
             x, y = sampler.next_batch()
@@ -238,11 +245,14 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
             )
         log_loss += mean_loss
         log_steps += 1
+        log_seconds += time.perf_counter() - t0
         since_eval.append(mean_loss)
         if it % cfg.log_interval == 0 or it == cfg.max_iters:
             lr = engine.get_lr()[0]
-            metrics.log_train(it, log_loss / log_steps, lr, tokens_per_iter * log_steps, log_steps)
-            log_loss, log_steps = 0.0, 0
+            metrics.log_train(
+                it, log_loss / log_steps, lr, tokens_per_iter * log_steps, log_steps, log_seconds
+            )
+            log_loss, log_steps, log_seconds = 0.0, 0, 0.0
         if it == cfg.max_iters:
             break
         if cfg.eval_interval and it % cfg.eval_interval == 0:
@@ -266,6 +276,32 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
     save("final", cfg.max_iters, last_val)
     dist.print0(f"done: {cfg.max_iters} iterations, val loss {last_val:.4f}")
     return 0
+
+
+def universal_if_resized(ckpt: Checkpointer, tag: str, ds_config: dict) -> str:
+    """The tag to load: `tag` itself, or its universal conversion when the world size changed.
+
+    Rank 0 converts (DeepSpeed's ds_to_universal) while the others wait; the engine is then
+    told to load a universal checkpoint. A failure on rank 0 is raised on every rank.
+    """
+    manifest = read_manifest(ckpt.out_dir / tag) or {}
+    universal = bool(manifest.get("universal"))
+    if not universal and manifest.get("world_size") == dist.world_size():
+        return tag
+    error = None
+    if dist.is_main() and not universal:
+        dist.print0(
+            f"checkpoint {tag} was saved by {manifest.get('world_size')} ranks, this run has "
+            f"{dist.world_size()}: converting it to a universal checkpoint"
+        )
+        try:
+            convert_to_universal(ckpt.out_dir, tag)
+        except GptDsError as exc:
+            error = exc
+    if dist.any_rank(error is not None):
+        raise error or GptDsError("universal checkpoint conversion failed on rank 0")
+    ds_config.setdefault("checkpoint", {})["load_universal"] = True
+    return tag if universal else universal_tag(tag)
 
 
 def print_memory_estimate(cfg: RunConfig, shape: ModelShape, resolved, engine, world: int) -> None:
