@@ -1,0 +1,116 @@
+"""Measure the model-state bytes each rank of a live DeepSpeed engine holds; print with predictions.
+
+Launched by tests/test_memory_measured.py through `deepspeed --num_gpus N`. For each
+`STAGE:PRECISION` in --configs it builds a fresh GPT-2 (gpt_ds.model.build_model), runs
+`deepspeed.initialize` with an inline config (AdamW, micro-batch 2, no "auto"), takes one full
+step so Adam has its state, then on a second step measures twice with
+gpt_ds.memory.measured_model_state_bytes: after backward, and from inside the inner
+optimizer's step (when the fp32 gradient partition exists). Each rank prints one line per
+config to --out_dir/rank{R}.jsonl (one file per rank: launcher output interleaves) with
+both measurements and gpt_ds.memory.estimate_run's prediction for that rank (`phase_bytes()`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.distributed as tdist
+
+from gpt_ds.memory import estimate_run, measured_model_state_bytes
+from gpt_ds.model import build_model, resolve_shape
+
+REDUCE_BUCKET = 5_000_000  # small: the buckets are not measured, and CPU RAM is shared
+
+
+def ds_config(stage: int, precision: str, world: int, micro: int) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": micro * world,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": REDUCE_BUCKET},
+        "bf16": {"enabled": precision == "bf16"},
+        "steps_per_print": 1_000_000,
+    }
+
+
+def measure(stage: int, precision: str, args: argparse.Namespace) -> dict:
+    shape = resolve_shape(args.model, block_size=args.block_size)
+    world, rank = tdist.get_world_size(), tdist.get_rank()
+    torch.manual_seed(0)
+    model = build_model(shape)
+    cfg = ds_config(stage, precision, world, args.micro_batch_size)
+    engine = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+    tokens = torch.randint(0, shape.vocab_size, (args.micro_batch_size, shape.block_size))
+
+    def forward_backward() -> None:
+        engine.backward(engine(input_ids=tokens, labels=tokens).loss)
+
+    forward_backward()
+    engine.step()  # Adam's moments exist from here on
+    forward_backward()
+    after_backward = measured_model_state_bytes(engine)
+    inner = getattr(engine.optimizer, "optimizer", None) or engine.optimizer
+    at_step: dict[str, int] = {}
+    real_step = inner.step
+
+    def step_and_measure(*a, **kw):
+        if not at_step:
+            at_step.update(measured_model_state_bytes(engine))
+        return real_step(*a, **kw)
+
+    inner.step = step_and_measure
+    engine.step()
+    inner.step = real_step
+    est = estimate_run(
+        shape,
+        zero_stage=stage,
+        offload_optimizer=False,
+        offload_param=False,
+        world_size=world,
+        gpus_per_node=world,
+        micro_batch_size=args.micro_batch_size,
+        precision=precision,
+        activation_checkpointing=False,
+        reduce_bucket_size=REDUCE_BUCKET,
+        rank=rank,
+    )
+    result = {
+        "rank": rank,
+        "stage": stage,
+        "precision": precision,
+        "num_params": shape.num_params(),
+        "measured": {"after_backward": after_backward, "optimizer_step": at_step},
+        "predicted": est.phase_bytes(),
+        "detail": {k: v for k, v in est.detail.items() if not k.startswith(("cpu", "activ"))},
+    }
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--configs", default="1:bf16,2:bf16,3:bf16,1:fp32,2:fp32,3:fp32")
+    p.add_argument("--model", default="gpt2-tiny")
+    p.add_argument("--block_size", type=int, default=64)
+    p.add_argument("--micro_batch_size", type=int, default=2)
+    p.add_argument("--out_dir", required=True)
+    p.add_argument("--local_rank", type=int, default=-1)  # set by the DeepSpeed launcher
+    args = p.parse_args()
+    deepspeed.init_distributed()
+    out = Path(args.out_dir) / f"rank{tdist.get_rank()}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        for spec in args.configs.split(","):
+            stage, precision = spec.split(":")
+            f.write(json.dumps(measure(int(stage), precision, args)) + "\n")
+            f.flush()
+            tdist.barrier()
+    tdist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
