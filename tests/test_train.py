@@ -137,3 +137,30 @@ def test_resume_continues_the_same_run(shakespeare_dir, tmp_path):
     wb = consolidated_model(split, "final").state_dict()
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
+
+
+def test_init_from_pretrained_directory(shakespeare_dir, tmp_path):
+    """--init_from loads a Hugging Face GPT-2 directory: with a negligible lr, the run's val
+    loss is the pretrained model's own, computed here with plain transformers."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    pretrained = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64))
+    pretrained.save_pretrained(tmp_path / "pretrained")
+    out = tmp_path / "run"
+    args = tiny_run_args(
+        shakespeare_dir,
+        out,
+        init_from=tmp_path / "pretrained",
+        model="gpt2-tiny",
+        block_size=None,
+        max_iters=2,
+        eval_interval=0,
+        eval_iters=2,
+        lr=1e-12,
+        no_checkpoint=True,
+    )
+    proc = run_deepspeed(args, num_gpus=2)
+    assert "2 layers, 2 heads, 64 wide, block 64" in proc.stdout
+    ref = reference_val_loss(pretrained.eval(), shakespeare_dir / "val.bin", 64, windows=8)
+    assert math.isclose(eval_records(out)[-1]["val_loss"], ref, abs_tol=1e-4)
