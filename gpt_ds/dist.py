@@ -110,3 +110,26 @@ def shutdown() -> None:
         print(f"[rank {rank()}] warning: destroy_process_group failed: {exc}", file=sys.stderr)
     for path in shm_buffer_paths():
         path.unlink(missing_ok=True)
+
+
+def allreduce_send_rate(nbytes: int = 16 << 20, repeats: int = 3) -> float | None:
+    """Bytes per second each rank sends in a ring all-reduce, measured on the live group.
+
+    A start-up probe (a fraction of a second) that turns the model's bytes-per-step into an
+    expected communication time; None for a world of one.
+    """
+    import time
+
+    n = world_size()
+    if n <= 1:
+        return None
+    t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device())
+    tdist.all_reduce(t)  # warm-up (connection set-up, buffers)
+    barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        tdist.all_reduce(t)
+    if t.is_cuda:
+        torch.cuda.synchronize()
+    elapsed = all_reduce_sum([time.perf_counter() - start])[0] / n
+    return 2 * (n - 1) / n * nbytes * repeats / max(elapsed, 1e-9)

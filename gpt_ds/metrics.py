@@ -70,7 +70,14 @@ class MetricsLogger:
                 f.write(json.dumps(record) + "\n")
 
     def log_train(
-        self, iteration: int, loss: float, lr: float, tokens: int, steps: int, seconds: float
+        self,
+        iteration: int,
+        loss: float,
+        lr: float,
+        tokens: int,
+        steps: int,
+        seconds: float,
+        comm_seconds_per_step: float | None = None,
     ) -> dict:
         """Log `steps` iterations that processed `tokens` tokens (all ranks) in `seconds`.
 
@@ -87,10 +94,14 @@ class MetricsLogger:
             "step_time_s": round(dt / steps, 4),
             "peak_mem_gib": round(peak_memory_gib(), 3),
         }
+        if comm_seconds_per_step is not None:
+            rec["comm_share"] = round(min(1.0, comm_seconds_per_step / rec["step_time_s"]), 3)
         if self.peak_flops:
             rec["mfu"] = round(tps * self.flops_per_token / (self.peak_flops * self.world_size), 4)
         if self.enabled:
             mfu = f" | mfu {rec['mfu'] * 100:5.1f}%" if "mfu" in rec else ""
+            if "comm_share" in rec:
+                mfu += f" | comm ~{rec['comm_share'] * 100:.0f}%"
             print(
                 f"iter {iteration:6d} | loss {loss:.4f} | lr {lr:.3e} | {tps:9.0f} tok/s | "
                 f"{rec['step_time_s'] * 1000:7.1f} ms/it | mem {rec['peak_mem_gib']:.2f} GiB{mfu}",

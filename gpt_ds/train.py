@@ -39,6 +39,11 @@ from gpt_ds.data import TrainSampler, load_token_data  # noqa: E402
 from gpt_ds.ds_config import RunSettings, load_ds_config, preset_path, resolve_ds_config  # noqa: E402
 from gpt_ds.errors import GptDsError  # noqa: E402
 from gpt_ds.evaluation import evaluate  # noqa: E402
+from gpt_ds.memory import (  # noqa: E402
+    comm_bytes_per_step,
+    estimate_run,
+    measured_model_state_bytes,
+)
 from gpt_ds.metrics import MetricsLogger  # noqa: E402
 from gpt_ds.model import (  # noqa: E402
     ModelShape,
@@ -172,7 +177,8 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=param_groups(model, weight_decay), config=resolved.config
     )
-    print_memory_estimate(cfg, shape, resolved, engine, world)
+    estimate = print_memory_estimate(cfg, shape, resolved, engine, world)
+    comm_seconds = communication_plan(shape, resolved, engine, world)
     torch.manual_seed(cfg.seed + 1000 * rank)  # per-rank dropout streams
 
     sampler = TrainSampler(data.train, shape.block_size, mb, cfg.seed, rank)
@@ -246,11 +252,19 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
         log_loss += mean_loss
         log_steps += 1
         log_seconds += time.perf_counter() - t0
+        if it == start_iter + 1:
+            report_model_states(engine, estimate)
         since_eval.append(mean_loss)
         if it % cfg.log_interval == 0 or it == cfg.max_iters:
             lr = engine.get_lr()[0]
             metrics.log_train(
-                it, log_loss / log_steps, lr, tokens_per_iter * log_steps, log_steps, log_seconds
+                it,
+                log_loss / log_steps,
+                lr,
+                tokens_per_iter * log_steps,
+                log_steps,
+                log_seconds,
+                comm_seconds,
             )
             log_loss, log_steps, log_seconds = 0.0, 0, 0.0
         if it == cfg.max_iters:
@@ -304,12 +318,8 @@ def universal_if_resized(ckpt: Checkpointer, tag: str, ds_config: dict) -> str:
     return tag if universal else universal_tag(tag)
 
 
-def print_memory_estimate(cfg: RunConfig, shape: ModelShape, resolved, engine, world: int) -> None:
+def print_memory_estimate(cfg: RunConfig, shape: ModelShape, resolved, engine, world: int):
     """Predicted per-rank memory for this run (the model behind tools/pick_preset.py)."""
-    try:
-        from gpt_ds.memory import estimate_run
-    except ImportError:
-        return
     zero = resolved.config.get("zero_optimization", {})
     est = estimate_run(
         shape,
@@ -317,12 +327,54 @@ def print_memory_estimate(cfg: RunConfig, shape: ModelShape, resolved, engine, w
         offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none") != "none",
         offload_param=zero.get("offload_param", {}).get("device", "none") != "none",
         world_size=world,
-        gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+        gpus_per_node=int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", world))),
         micro_batch_size=resolved.micro_batch_size,
         precision=resolved.precision,
         activation_checkpointing=cfg.activation_checkpointing,
+        zero_config=zero,
     )
     dist.print0("memory estimate per rank:\n" + est.format())
+    return est
+
+
+def report_model_states(engine, estimate) -> None:
+    """Measured model-state bytes of each rank next to the prediction, after the first step
+    (when Adam's moments exist and the step's gradient buffers are released)."""
+    measured = measured_model_state_bytes(engine)
+    held = measured["params"] + measured["optimizer_states"]
+    one_hot = [0.0] * dist.world_size()
+    one_hot[dist.rank()] = held
+    per_rank = dist.all_reduce_sum(one_hot)
+    d = estimate.detail
+    predicted = sum(
+        d.get(k, 0)
+        for k in ("params_weights", "params_persistent", "master_weights", "adam_moments")
+    )
+    dist.print0(
+        f"model states per rank between steps (weights + optimizer): predicted "
+        f"{predicted / 2**30:.3f} GiB, measured "
+        + ", ".join(f"rank {r} {b / 2**30:.3f} GiB" for r, b in enumerate(per_rank))
+        + f"; predicted peak during the step {estimate.model_state_bytes / 2**30:.3f} GiB"
+    )
+
+
+def communication_plan(shape: ModelShape, resolved, engine, world: int) -> float | None:
+    """Print the bytes each rank sends per optimizer step and the time that implies on the
+    measured all-reduce rate; returns the expected seconds per step (None on one rank)."""
+    nbytes = comm_bytes_per_step(
+        shape, engine.zero_optimization_stage(), resolved.precision, world, resolved.grad_accum
+    )
+    rate = dist.allreduce_send_rate()
+    if rate is None:
+        return None
+    seconds = nbytes / rate
+    dist.print0(
+        f"communication: {nbytes / 1e6:,.1f} MB sent per rank per optimizer step "
+        f"(ZeRO-{engine.zero_optimization_stage()}, {resolved.precision}, grad_accum "
+        f"{resolved.grad_accum}); measured all-reduce rate {rate * 8 / 1e9:.2f} Gbit/s "
+        f"-> ~{seconds * 1000:.0f} ms per step. On slow networks raise --grad_accum."
+    )
+    return seconds
 
 
 if __name__ == "__main__":
