@@ -37,7 +37,7 @@ from gpt_ds.checkpoint import (  # noqa: E402
 from gpt_ds.config import RunConfig, parse_args, validate  # noqa: E402
 from gpt_ds.data import TrainSampler, load_token_data  # noqa: E402
 from gpt_ds.ds_config import RunSettings, load_ds_config, preset_path, resolve_ds_config  # noqa: E402
-from gpt_ds.errors import GptDsError  # noqa: E402
+from gpt_ds.errors import ConfigError, GptDsError  # noqa: E402
 from gpt_ds.evaluation import evaluate  # noqa: E402
 from gpt_ds.memory import (  # noqa: E402
     comm_bytes_per_step,
@@ -74,7 +74,20 @@ def model_shape_for(cfg: RunConfig) -> ModelShape:
         return resolve_shape(cfg.model, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
     from transformers import GPT2Config
 
-    c = GPT2Config.from_pretrained(cfg.init_from)
+    try:
+        c = GPT2Config.from_pretrained(cfg.init_from)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"--init_from {cfg.init_from}: not a Hugging Face GPT-2 directory, and not a hub "
+            f"name this machine can fetch ({str(exc).splitlines()[0]})"
+        ) from exc
+    if c.model_type != "gpt2":
+        raise ConfigError(f"--init_from {cfg.init_from}: model_type {c.model_type!r}, not gpt2")
+    if cfg.block_size and cfg.block_size > c.n_positions:
+        raise ConfigError(
+            f"--block_size {cfg.block_size} exceeds the pretrained model's {c.n_positions} "
+            "positions (n_positions)"
+        )
     return ModelShape(c.n_layer, c.n_head, c.n_embd, cfg.block_size or c.n_positions, c.vocab_size)
 
 
