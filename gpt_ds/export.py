@@ -1,0 +1,486 @@
+"""ZeRO checkpoint -> Hugging Face GPT-2 directory (or a bare safetensors / torch state dict).
+
+The weights are gathered by DeepSpeed's own consolidation code
+(`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`, lazy mode), which
+knows every ZeRO stage, offload setting, world size and precision DeepSpeed writes. What this
+module adds around it:
+
+* checks first, before any heavy work: the checkpoint directory, the tag (no tag = the one
+  `latest` names), completeness (the gpt_ds manifest and every file it lists, at its size),
+  and an output directory that already holds something (`overwrite` to replace it);
+* about one fp32 copy of the model in host memory: the model is built on the `meta` device
+  (no weights of its own), and each consolidated tensor becomes its parameter as is
+  (`load_state_dict(assign=True)`). For ZeRO-1/2 DeepSpeed returns views of one merged flat
+  fp32 buffer, so the parameters are those views, not copies (re-wrapped so that savers do not
+  take them for aliases and clone them); for ZeRO-3 the lazy tensors are gathered one at a
+  time. Measured on GPT-2 small (0.46 GiB in fp32): peak anonymous memory = interpreter +
+  0.50 GiB for either stage; peak RSS adds the checkpoint pages DeepSpeed memory-maps;
+* the run's real architecture (from the manifest) in `config.json`, tied input/output
+  embeddings kept tied, the GPT-2 tokenizer from the packaged BPE files;
+* nothing half-written: everything goes into a temporary sibling directory that is renamed
+  into place at the end, and removed on any error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import resource
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpt_ds.checkpoint import LATEST, MANIFEST, read_manifest
+from gpt_ds.errors import CheckpointError
+from gpt_ds.model import ModelShape, gpt2_config
+
+FORMATS = ("hf", "safetensors", "pt")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+EXPORT_RECORD = "gpt_ds_export.json"
+# files whose presence means "this directory already holds a model"
+_MODEL_FILE = re.compile(
+    r"^(config\.json|.*\.safetensors|.*\.bin|.*\.pt|.*\.index\.json|tokenizer\.json)$"
+)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
+
+
+# --------------------------------------------------------------------------- the checkpoint
+@dataclass(frozen=True)
+class CheckpointRef:
+    """One complete, checked checkpoint tag of a training run."""
+
+    out_dir: Path
+    tag: str
+    manifest: dict
+
+    @property
+    def tag_dir(self) -> Path:
+        return self.out_dir / self.tag
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape(**self.manifest["model"])
+
+    @property
+    def dropout(self) -> float:
+        return float(self.manifest.get("config", {}).get("dropout", 0.0) or 0.0)
+
+
+def complete_tags(out_dir: Path) -> list[str]:
+    """Tags of `out_dir` that have a manifest, oldest first by iteration."""
+    found = []
+    for d in out_dir.iterdir() if out_dir.is_dir() else []:
+        if d.is_dir() and (m := read_manifest(d)) is not None:
+            found.append((m.get("iteration", -1), d.name))
+    return [name for _, name in sorted(found)]
+
+
+def is_checkpoint_dir(path: str | Path) -> bool:
+    """True for a training out dir (has `latest` or a tag with a manifest) or a tag dir."""
+    path = Path(path)
+    return (path / MANIFEST).is_file() or (path / LATEST).is_file() or bool(complete_tags(path))
+
+
+def resolve_checkpoint(path: str | Path, tag: str | None = None) -> CheckpointRef:
+    """Find and check a checkpoint: `path` is a run's out dir (with `tag`, else `latest`) or a
+    tag directory itself. Raises CheckpointError naming what is wrong; reads no weights."""
+    path = Path(path)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise CheckpointError(f"checkpoint directory {path} {what}")
+    if (path / MANIFEST).is_file() and not (path / LATEST).is_file():  # a tag directory
+        if tag is not None and tag != path.name:
+            raise CheckpointError(f"{path} is the checkpoint of tag {path.name!r}, not {tag!r}")
+        path, tag = path.parent, path.name
+    have = complete_tags(path)
+    listing = f"complete tags: {', '.join(have)}" if have else "no complete tags"
+    if tag is None:
+        try:
+            tag = (path / LATEST).read_text().strip()
+        except OSError:
+            tag = ""
+        if not tag:
+            raise CheckpointError(
+                f"{path}: no '{LATEST}' file naming a checkpoint; pass --tag ({listing})"
+            )
+    tag_dir = path / tag
+    if not tag_dir.is_dir():
+        raise CheckpointError(f"{path}: no checkpoint with tag {tag!r} ({listing})")
+    manifest = read_manifest(tag_dir)
+    if manifest is None:
+        raise CheckpointError(
+            f"{tag_dir}: incomplete checkpoint (no {MANIFEST}: its save did not finish); "
+            f"use another tag ({listing})"
+        )
+    if manifest.get("universal"):
+        raise CheckpointError(
+            f"{tag_dir} is a universal checkpoint (made to resume on another world size); "
+            f"export the tag it was made from, {manifest.get('source_tag')!r}"
+        )
+    problems = []
+    for name, size in manifest.get("files", {}).items():
+        f = tag_dir / name
+        if not f.is_file():
+            problems.append(f"{name} missing")
+        elif f.stat().st_size != size:
+            problems.append(f"{name} has {f.stat().st_size} bytes, manifest says {size}")
+    if problems or "model" not in manifest:
+        detail = "; ".join(problems) or f"{MANIFEST} has no model shape"
+        raise CheckpointError(f"{tag_dir}: incomplete checkpoint ({detail}); ({listing})")
+    return CheckpointRef(out_dir=path, tag=tag, manifest=manifest)
+
+
+# --------------------------------------------------------------------------- consolidation
+def _own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, or for a view into a larger buffer, the same memory under a storage of its own.
+
+    ZeRO-1/2 parameters come back as views of one flat buffer. Savers treat tensors that share
+    a storage as aliases: `save_pretrained` clones each (a second copy of the model) and
+    `torch.save` writes the whole buffer for each. Re-wrapping the view through DLPack copies
+    nothing; the new storage keeps the buffer alive for as long as it lives.
+    """
+    if tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size():
+        return tensor
+    return torch.from_dlpack(tensor.detach())
+
+
+@torch.no_grad()  # DeepSpeed's saved partitions require grad: a graph would pin them in memory
+def consolidate(ref: CheckpointRef, dtype: torch.dtype = torch.float32, progress: bool = True):
+    """A `GPT2LMHeadModel` (eval mode, on CPU) holding the checkpoint's consolidated weights.
+
+    fp32 weights are DeepSpeed's fp32 master weights bit for bit; other dtypes are them cast.
+    """
+    from tqdm import tqdm
+    from transformers import GPT2LMHeadModel
+
+    config = gpt2_config(ref.shape, ref.dropout)
+    with torch.device("meta"):  # parameters without storage: the checkpoint's tensors fill them
+        model = GPT2LMHeadModel(config)
+    expected = set(model.state_dict())
+    # DeepSpeed prints (and logs, to stdout) as it goes: keep stdout for our own output
+    with contextlib.redirect_stdout(sys.stderr):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        try:
+            lazy = get_fp32_state_dict_from_zero_checkpoint(
+                str(ref.out_dir), tag=ref.tag, lazy_mode=True
+            )
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise CheckpointError(f"{ref.tag_dir}: DeepSpeed cannot read it: {exc}") from exc
+    if set(lazy) != expected:
+        missing, extra = sorted(expected - set(lazy)), sorted(set(lazy) - expected)
+        raise CheckpointError(
+            f"{ref.tag_dir}: weights do not match GPT-2 of shape {ref.shape} "
+            f"(missing {missing[:5]}, unexpected {extra[:5]})"
+        )
+    state: dict[str, torch.Tensor] = {}
+    done: dict[int, torch.Tensor] = {}  # id(lazy tensor) -> tensor: tied names share one
+    names = list(lazy)
+    for name in tqdm(names, desc="consolidating", unit="tensor", disable=not progress):
+        lazy_tensor = lazy.pop(name)
+        if id(lazy_tensor) not in done:
+            # ZeRO-3: gathers this tensor's partitions from every rank's file (one at a time);
+            # ZeRO-1/2: a view of the merged flat buffer, already contiguous: no copy
+            tensor = lazy_tensor.contiguous()
+            if tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor = tensor.to(dtype)
+            done[id(lazy_tensor)] = _own_storage(tensor)
+        state[name] = done[id(lazy_tensor)]
+    del lazy, done
+    model.load_state_dict(state, strict=True, assign=True)
+    del state
+    model.tie_weights()  # assign=True gave lm_head its own Parameter object over wte's storage
+    if model.lm_head.weight is not model.transformer.wte.weight:
+        raise CheckpointError(f"{ref.tag_dir}: lm_head and wte could not be tied")
+    model.config.dtype = dtype
+    return model.eval()
+
+
+# --------------------------------------------------------------------------- writing
+def parse_size(text: str | int) -> int:
+    """'2GB' -> 2_000_000_000 (decimal units as Hugging Face uses; KiB/MiB/GiB binary)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise CheckpointError(f"--max_shard_size {text!r}: expected a size such as 500MB or 2GB")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").upper()])
+
+
+def gpt2_tokenizer(model_max_length: int | None = None):
+    """`GPT2TokenizerFast` built from the packaged vocab.bpe/encoder.json (no network).
+
+    transformers 5 ignores `vocab_file=`/`merges_file=` (it builds a 1-token tokenizer without
+    a word), so the vocabulary and merges are passed as objects and the size is checked.
+    """
+    from transformers import GPT2TokenizerFast
+
+    from gpt_ds.tokenizer import VOCAB_SIZE, assets_dir, tokenizer_fingerprint
+
+    tokenizer_fingerprint()
+    folder = assets_dir()
+    vocab = json.loads((folder / "encoder.json").read_text(encoding="utf-8"))
+    lines = (folder / "vocab.bpe").read_text(encoding="utf-8").split("\n")
+    merges = [tuple(line.split()) for line in lines[1:] if line]  # line 0: "#version: 0.2"
+    tok = GPT2TokenizerFast(vocab=vocab, merges=merges)
+    if len(tok) != VOCAB_SIZE:
+        raise CheckpointError(f"GPT-2 tokenizer has {len(tok)} tokens, expected {VOCAB_SIZE}")
+    if model_max_length:
+        tok.model_max_length = model_max_length
+    return tok
+
+
+def _holds_model(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if _MODEL_FILE.match(p.name))
+
+
+def check_output(output: Path, overwrite: bool, ref: CheckpointRef | None = None) -> None:
+    """Refuse an output that exists and is not empty (unless `overwrite`), or that is the
+    checkpoint (or holds it)."""
+    output = output.resolve()
+    if ref is not None:
+        src = ref.out_dir.resolve()
+        if output == src or output in src.parents:
+            raise CheckpointError(
+                f"--output {output} is the checkpoint directory or contains it; choose another"
+            )
+    if output.exists() and not output.is_dir():
+        raise CheckpointError(f"--output {output} exists and is not a directory")
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        found = _holds_model(output)
+        what = f"already holds a model ({', '.join(found[:4])})" if found else "is not empty"
+        raise CheckpointError(f"--output {output} {what}; pass --overwrite to replace it")
+
+
+def _pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ValueError:
+        return True  # not our naming: leave it alone
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+@contextlib.contextmanager
+def staged_output(output: Path):
+    """Yield a temporary sibling of `output`; on success it replaces `output`, on error it goes."""
+    output = output.resolve()
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"--output {output}: cannot create its parent: {exc}") from exc
+    for stale in output.parent.glob(f".{output.name}.tmp-*"):  # left by a killed export
+        if not _pid_alive(stale.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = output.with_name(f".{output.name}.old-{os.getpid()}")
+        if output.exists():
+            os.replace(output, old)
+        os.replace(tmp, output)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _unique_state(model) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The model's state dict without tied duplicates, and {duplicate: name it aliases}."""
+    unique, aliases, seen = {}, {}, {}
+    for name, t in model.state_dict().items():
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        if key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            unique[name] = t
+    return unique, aliases
+
+
+def write_state_dict(model, folder: Path, fmt: str, max_shard_size: int) -> list[str]:
+    """A bare state dict: `model.safetensors` (tied duplicates left out, as Hugging Face does;
+    recorded in the metadata) or `pytorch_model.bin` (all names, tied ones sharing storage),
+    sharded with an index json past `max_shard_size`. Returns the files written."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    unique, aliases = _unique_state(model)
+    pattern = "model{suffix}.safetensors" if fmt == "safetensors" else "pytorch_model{suffix}.bin"
+    split = split_torch_state_dict_into_shards(
+        unique, filename_pattern=pattern, max_shard_size=max_shard_size
+    )
+    weight_map = dict(split.tensor_to_filename)
+    for shard, names in split.filename_to_tensors.items():
+        shard_state = {n: unique[n].detach().contiguous() for n in names}  # no copies
+        if fmt == "safetensors":
+            meta = {"format": "pt", "tied": json.dumps(aliases)}
+            save_file(shard_state, str(folder / shard), metadata=meta)
+        else:
+            for alias, target in aliases.items():
+                if target in shard_state:
+                    shard_state[alias] = shard_state[target]  # saved once, as in the model
+                    weight_map[alias] = shard
+            torch.save(shard_state, folder / shard)
+        del shard_state
+    if split.is_sharded:
+        index_name = pattern.format(suffix="") + ".index.json"
+        index = {"metadata": split.metadata, "weight_map": dict(sorted(weight_map.items()))}
+        (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
+    return sorted(p.name for p in folder.iterdir())
+
+
+def write_hf(model, folder: Path, max_shard_size: int) -> None:
+    """`save_pretrained` of model (config, safetensors, generation config) and tokenizer."""
+    from gpt_ds.tokenizer import assets_dir
+
+    model.save_pretrained(folder, max_shard_size=max_shard_size)
+    gpt2_tokenizer(model.config.n_positions).save_pretrained(folder)
+    # the original GPT-2 file names too, for tools that read them instead of tokenizer.json
+    shutil.copyfile(assets_dir() / "encoder.json", folder / "vocab.json")
+    shutil.copyfile(assets_dir() / "vocab.bpe", folder / "merges.txt")
+
+
+@dataclass
+class ExportResult:
+    output: Path
+    ref: CheckpointRef
+    files: dict[str, int]
+    seconds: float
+    peak_rss_gib: float
+    peak_anon_gib: float | None
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / (1 << 30) * (1 if sys.platform == "darwin" else 1024)
+
+
+class AnonPeak:
+    """Peak anonymous (not file-backed) resident memory, sampled every 10 ms (Linux only).
+
+    RSS also counts the checkpoint files DeepSpeed memory-maps: clean page cache the kernel
+    can drop at will. The anonymous part is the memory the conversion really needs.
+    """
+
+    def __init__(self) -> None:
+        self.peak_gib: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def read_gib() -> float | None:
+        try:
+            with open("/proc/self/status") as f:
+                line = next(x for x in f if x.startswith("RssAnon:"))
+        except (OSError, StopIteration):
+            return None
+        return int(line.split()[1]) / (1 << 20)
+
+    def _run(self) -> None:
+        while True:
+            now = self.read_gib()
+            if now is None:
+                return
+            self.peak_gib = max(self.peak_gib or 0.0, now)
+            if self._stop.wait(0.01):
+                return
+
+    def __enter__(self) -> AnonPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    output: str | Path,
+    *,
+    tag: str | None = None,
+    fmt: str = "hf",
+    dtype: str = "fp32",
+    max_shard_size: str | int = "2GB",
+    overwrite: bool = False,
+    progress: bool = True,
+    log=print,
+) -> ExportResult:
+    """Convert one checkpoint tag into `output` (see the module docstring)."""
+    start = time.perf_counter()
+    if fmt not in FORMATS:
+        raise CheckpointError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if dtype not in DTYPES:
+        raise CheckpointError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    shard_bytes = parse_size(max_shard_size)
+    ref = resolve_checkpoint(checkpoint, tag)
+    output = Path(output)
+    check_output(output, overwrite, ref)
+    m = ref.manifest
+    log = log or (lambda _msg: None)
+    log(
+        f"exporting {ref.tag_dir} (iteration {m.get('iteration')}, ZeRO-{m.get('zero_stage')}, "
+        f"world size {m.get('world_size')}, trained in {m.get('precision')}) "
+        f"-> {output} [{fmt}, {dtype}]"
+    )
+    with AnonPeak() as anon, staged_output(output) as tmp:
+        model = consolidate(ref, DTYPES[dtype], progress=progress)
+        if fmt == "hf":
+            write_hf(model, tmp, shard_bytes)
+        else:
+            model.config.save_pretrained(tmp)
+            write_state_dict(model, tmp, fmt, shard_bytes)
+        del model
+        record = {
+            "source": str(ref.tag_dir.resolve()),
+            "tag": ref.tag,
+            "iteration": m.get("iteration"),
+            "zero_stage": m.get("zero_stage"),
+            "world_size": m.get("world_size"),
+            "trained_precision": m.get("precision"),
+            "val_loss": m.get("val_loss"),
+            "format": fmt,
+            "dtype": dtype,
+        }
+        (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+    return ExportResult(
+        output=output.resolve(),
+        ref=ref,
+        files=files,
+        seconds=time.perf_counter() - start,
+        peak_rss_gib=peak_rss_gib(),
+        peak_anon_gib=anon.peak_gib,
+    )
+
+
+def export_summary(result: ExportResult) -> str:
+    total = sum(result.files.values())
+    lines = [f"wrote {result.output} ({len(result.files)} files, {total / 1e6:.1f} MB):"]
+    lines += [f"  {name}  {size:,} bytes" for name, size in result.files.items()]
+    n = result.ref.shape.num_params()
+    anon = (
+        f" (anonymous memory {result.peak_anon_gib:.2f} GiB; RSS also counts the checkpoint "
+        "files DeepSpeed memory-maps, page cache the kernel can reclaim)"
+        if result.peak_anon_gib is not None
+        else ""
+    )
+    lines.append(f"model: {n:,} parameters, {n * 4 / 2**30:.2f} GiB in fp32")
+    lines.append(f"peak RSS {result.peak_rss_gib:.2f} GiB{anon}")
+    lines.append(f"elapsed {result.seconds:.1f} s")
+    return "\n".join(lines)
