@@ -23,9 +23,13 @@ import math  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import time  # noqa: E402
+import warnings  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 
 import torch  # noqa: E402
+
+# DeepSpeed 0.19 calls collectives that torch 2.13 marks deprecated, once per rank and step kind
+warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", FutureWarning)
 
 from gpt_ds import dist  # noqa: E402
 from gpt_ds.checkpoint import (  # noqa: E402
@@ -128,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         data = load_token_data(cfg.data_dir, shape.vocab_size, shape.block_size)
         ckpt = Checkpointer(cfg.out_dir, cfg.keep_last)
         resume_tag = ckpt.resolve(cfg.resume) if cfg.resume else None
+        if resume_tag:
+            ckpt.check_model(resume_tag, asdict(shape))
         check_writable(Path(cfg.out_dir))
     except GptDsError as exc:  # identical on every rank: let rank 0 say it
         if int(os.environ.get("RANK", "0")) == 0:
@@ -242,7 +248,7 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
     last_val = None
     for it in range(start_iter + 1, cfg.max_iters + 1):
         t0 = time.perf_counter()
-        loss_sum = 0.0
+        loss_sum, skipped_before = 0.0, engine.skipped_steps
         for _ in range(ga):
             x, y = sampler.next_batch()
             loss = lm_loss(engine, x.to(dev), y.to(dev))
@@ -253,13 +259,21 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
         # stop flag, so every rank takes the same branch below
         total, stopping = dist.all_reduce_sum([loss_sum / ga, float(stop.signal_name is not None)])
         mean_loss = total / world
-        if not math.isfinite(mean_loss):
+        # without fp16's loss scaler, a skipped step means inf/NaN gradients: DeepSpeed would
+        # go on skipping every step silently while the (huge but finite) loss is logged
+        skipped = resolved.precision != "fp16" and engine.skipped_steps > skipped_before
+        if not math.isfinite(mean_loss) or skipped:
             good = ckpt.latest_tag()
             where = (
                 f"the last good checkpoint is {cfg.out_dir}/{good}" if good else "no checkpoint yet"
             )
+            what = (
+                f"loss became {mean_loss}"
+                if not math.isfinite(mean_loss)
+                else "gradients became non-finite (DeepSpeed skipped the optimizer step)"
+            )
             raise GptDsError(
-                f"loss became {mean_loss} at iteration {it}; stopping without saving ({where}). "
+                f"{what} at iteration {it}; stopping without saving ({where}). "
                 "Lower --lr, raise warmup, or check the data."
             )
         log_loss += mean_loss
@@ -282,6 +296,7 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
             log_loss, log_steps, log_seconds = 0.0, 0, 0.0
         if it == cfg.max_iters:
             break
+        saved = False
         if cfg.eval_interval and it % cfg.eval_interval == 0:
             last_val = do_eval(it, sum(since_eval) / len(since_eval))
             since_eval = []
@@ -290,9 +305,11 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
                 best_val, best_tag = last_val, f"iter_{it}"
             if improved or not cfg.save_only_on_improvement:
                 save(f"iter_{it}", it, last_val)
+                saved = True
         if stopping:
             dist.print0(f"received {stop.signal_name or 'a stop signal on another rank'}: saving")
-            save(f"iter_{it}", it, last_val)
+            if not saved:  # not twice: the launcher SIGKILLs ranks 30 s after its SIGTERM
+                save(f"iter_{it}", it, last_val)
             dist.print0(f"stopped at iteration {it}; resume with --resume (tag iter_{it})")
             return 0
 
