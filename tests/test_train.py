@@ -155,6 +155,7 @@ def test_init_from_pretrained_directory(shakespeare_dir, tmp_path):
         model="gpt2-tiny",
         block_size=None,
         max_iters=2,
+        warmup_iters=0,
         eval_interval=0,
         eval_iters=2,
         lr=1e-12,
