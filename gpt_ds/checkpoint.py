@@ -15,6 +15,7 @@ every node sees (DeepSpeed's own loading needs that too).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -69,6 +70,35 @@ def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """Swap a finished staging directory into place (replacing a same-named old tag)."""
+    old = final.with_name(final.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(staging, final)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _io_failure(out_dir: Path, exc: Exception, checkpoint_bytes: int | None) -> str:
+    """`exc` of a failed write, with the free space where it happened (torch's writer reports
+    a full disk as "unexpected pos ...", without errno)."""
+    reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc).strip()
+    reason = reason.splitlines()[0] if reason else type(exc).__name__
+    try:
+        free = shutil.disk_usage(out_dir).free
+    except OSError:
+        return reason
+    full = (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or (
+        checkpoint_bytes is not None and free < checkpoint_bytes
+    )
+    need = f", a checkpoint needs {checkpoint_bytes / 2**20:.1f} MiB" if checkpoint_bytes else ""
+    space = f"{free / 2**20:.1f} MiB free on that filesystem{need}"
+    return f"no space left on the device ({space}; {reason})" if full else f"{reason} ({space})"
 
 
 def capture_rng() -> dict[str, Any]:
@@ -192,6 +222,7 @@ class Checkpointer:
                 shutil.rmtree(staging)  # leftover of a save that was killed
         dist.barrier()
         client_state = {"gpt_ds": {"iteration": iteration, "tag": tag, **extra}}
+        final = self.out_dir / tag
         try:
             engine.save_checkpoint(
                 str(self.out_dir), tag=staging_tag, client_state=client_state, save_latest=False
@@ -200,36 +231,48 @@ class Checkpointer:
             tmp = rank_file.with_suffix(".tmp")
             torch.save({"rng": capture_rng(), "sampler": sampler.state_dict()}, tmp)
             os.replace(tmp, rank_file)
-        except (OSError, RuntimeError) as exc:  # disk full, permissions, I/O errors
-            shutil.rmtree(staging, ignore_errors=True)
-            previous = self.latest_tag()
-            raise CheckpointError(
-                f"saving checkpoint {tag!r} to {self.out_dir} failed on rank {rank}: {exc}. "
-                f"Nothing was published; the previous checkpoint "
-                f"({previous or 'none'}) is intact. Free space or fix permissions, then "
-                "--resume."
-            ) from exc
-        dist.barrier()
-        final = self.out_dir / tag
-        if rank == 0:
-            files = self._verify(staging, engine.zero_optimization_stage(), world)
-            manifest = {
-                "tag": tag,
-                "iteration": iteration,
-                "world_size": world,
-                "zero_stage": engine.zero_optimization_stage(),
-                "model": model_shape,
-                "config": run_config,
-                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "files": files,
-                **extra,
-            }
-            _atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=2))
-            self._publish(staging, final)
-            _atomic_write_text(self.out_dir / LATEST, tag)
-            self._prune(protect={tag, extra.get("best_tag") or ""})
-        dist.barrier()
+            dist.barrier()
+            if rank == 0:
+                files = self._verify(staging, engine.zero_optimization_stage(), world)
+                manifest = {
+                    "tag": tag,
+                    "iteration": iteration,
+                    "world_size": world,
+                    "zero_stage": engine.zero_optimization_stage(),
+                    "model": model_shape,
+                    "config": run_config,
+                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "files": files,
+                    **extra,
+                }
+                _atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=2))
+                _publish(staging, final)
+                _atomic_write_text(self.out_dir / LATEST, tag)
+                self._prune(protect={tag, extra.get("best_tag") or ""})
+            dist.barrier()
+        except (OSError, RuntimeError) as exc:  # disk full, permissions, I/O, a rank died
+            raise self._save_failed(tag, staging, rank, exc) from exc
         return final
+
+    def _save_failed(self, tag: str, staging: Path, rank: int, exc: Exception) -> CheckpointError:
+        """Remove this rank's staging files and say what happened, in words a user can act on."""
+        shutil.rmtree(staging, ignore_errors=True)
+        # NCCL raises DistBackendError when a peer dies; gloo a RuntimeError from its transport
+        if isinstance(exc, torch.distributed.DistBackendError) or "gloo/transport" in str(exc):
+            cause = "another rank failed during the save (its error is above)"
+        else:
+            cause = _io_failure(self.out_dir, exc, self._last_checkpoint_bytes())
+        previous = self.latest_tag()
+        return CheckpointError(
+            f"saving checkpoint {tag!r} to {self.out_dir} failed on rank {rank}: {cause}. "
+            f"`latest` still names the previous checkpoint ({previous or 'none'}), which is "
+            "intact. Free space or fix permissions, then --resume."
+        )
+
+    def _last_checkpoint_bytes(self) -> int | None:
+        tags = self.complete_tags()
+        manifest = read_manifest(self.out_dir / tags[-1]) if tags else None
+        return sum(manifest.get("files", {}).values()) if manifest else None
 
     def _verify(self, staging: Path, zero_stage: int, world: int) -> dict[str, int]:
         names = expected_files(zero_stage, world)
@@ -251,17 +294,6 @@ class Checkpointer:
             )
         return sizes
 
-    def _publish(self, staging: Path, final: Path) -> None:
-        """Swap the finished staging directory into place (replacing a same-named old tag)."""
-        old = final.with_name(final.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(staging, final)
-        if old.exists():
-            shutil.rmtree(old)
-
     def _prune(self, protect: set[str]) -> None:
         if self.keep_last <= 0:
             return
@@ -272,8 +304,11 @@ class Checkpointer:
                 dist.print0(f"checkpoint: removed {tag} (--keep_last {self.keep_last})")
 
     # ----------------------------------------------------------------- load
-    def load(self, engine, tag: str, model_shape: dict) -> Resumed:
-        """Restore engine (weights, optimizer, LR schedule, loss scaler), RNG and sampler state."""
+    def check_model(self, tag: str, model_shape: dict) -> dict:
+        """The manifest of `tag`; a CheckpointError if it holds another model's shape.
+
+        Cheap (reads one JSON file): the entry point calls it before any rank builds a model.
+        """
         tag_dir = self.out_dir / tag
         manifest = read_manifest(tag_dir)
         if manifest is None:
@@ -291,6 +326,12 @@ class Checkpointer:
                 f"{tag_dir}: checkpoint is of a different model ({detail}); "
                 "resume with the same --model/--n_layer/--n_head/--n_embd/--block_size"
             )
+        return manifest
+
+    def load(self, engine, tag: str, model_shape: dict) -> Resumed:
+        """Restore engine (weights, optimizer, LR schedule, loss scaler), RNG and sampler state."""
+        tag_dir = self.out_dir / tag
+        manifest = self.check_model(tag, model_shape)
         world = dist.world_size()
         universal = bool(manifest.get("universal"))
         if not universal and manifest["world_size"] != world:
@@ -330,6 +371,10 @@ class Checkpointer:
         )
 
 
+# Manifest fields that identify the checkpoint a universal conversion was made from.
+_SOURCE_IDENTITY = ("iteration", "world_size", "zero_stage", "saved_at", "files")
+
+
 def universal_tag(tag: str) -> str:
     return f"{tag}_universal"
 
@@ -349,8 +394,11 @@ def convert_to_universal(out_dir: str | Path, tag: str) -> str:
         raise CheckpointError(f"{src}: not a complete checkpoint (no {MANIFEST})")
     if manifest.get("universal"):
         return tag
-    if read_manifest(dst):
+    existing = read_manifest(dst)
+    if existing and all(existing.get(k) == manifest.get(k) for k in _SOURCE_IDENTITY):
         return dst_tag
+    # none yet, or one made from an older checkpoint of the same name (`final` is rewritten
+    # by every run that ends): convert again
     staging = out_dir / (dst_tag + PARTIAL)
     shutil.rmtree(staging, ignore_errors=True)
     cmd = [
@@ -377,6 +425,6 @@ def convert_to_universal(out_dir: str | Path, tag: str) -> str:
     shutil.copy2(src / rank_state_name(0), staging / rank_state_name(0))
     universal = {**manifest, "tag": dst_tag, "universal": True, "source_tag": tag}
     _atomic_write_text(staging / MANIFEST, json.dumps(universal, indent=2))
-    os.replace(staging, dst)
+    _publish(staging, dst)
     (out_dir / "latest_universal").unlink(missing_ok=True)  # ds_to_universal's own pointer
     return dst_tag

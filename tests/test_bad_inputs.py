@@ -1,0 +1,194 @@
+"""Broken inputs a user can hand the trainer, and the exact error each one gets.
+
+Every case runs the real entry point (`python gpt_ds/train.py ...`, one process) or the real
+tool, and asserts the message a user sees, a non-zero exit, no traceback, and (for the
+trainer) that it failed during validation: before the process group, before any model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_run_args
+from ds_launch import REPO, TRAIN, VENV_BIN, run_python
+from ds_launch import test_env as launch_env
+
+SMALL = {"n_layer": 2, "n_head": 2, "n_embd": 64}
+
+
+def train_fails(args: list[str]) -> str:
+    """Run the trainer on one process; assert it stops in validation; return what it said."""
+    proc = run_python([str(TRAIN), *args], timeout=300, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, f"rc={proc.returncode}\n{said[-4000:]}"
+    assert "Traceback" not in said, said[-4000:]
+    assert "rank 0/1" not in said, "got as far as the process group: " + said[-4000:]
+    return proc.stderr
+
+
+@pytest.fixture
+def data(shakespeare_dir, tmp_path) -> Path:
+    """A private copy of the prepared dataset, to break."""
+    copy = tmp_path / "data"
+    shutil.copytree(shakespeare_dir, copy)
+    return copy
+
+
+def test_truncated_train_bin(data, tmp_path):
+    with (data / "train.bin").open("r+b") as f:
+        f.truncate(1000)  # a copy that stopped short
+    err = train_fails(tiny_run_args(data, tmp_path / "out"))
+    assert (
+        f"error: {data}/train.bin: 1000 bytes, but meta.json says 301966 uint16 tokens "
+        "(603932 bytes): the file is truncated or from another dataset; re-create it with: "
+        f"python tools/prepare_data.py --out_dir {data}"
+    ) in err
+
+
+def test_corrupt_train_bin(data, tmp_path):
+    size = (data / "train.bin").stat().st_size
+    (data / "train.bin").write_bytes(b"\xff" * size)  # right size, garbage contents
+    err = train_fails(tiny_run_args(data, tmp_path / "out"))
+    assert (
+        f"error: {data}/train.bin: token id 65535 at position 0 is beyond the vocabulary "
+        "(50257); the file is corrupt or from another tokenizer"
+    ) in err
+
+
+def test_token_id_beyond_the_vocabulary(data, tmp_path):
+    tokens = np.memmap(data / "val.bin", dtype=np.uint16, mode="r+")
+    tokens[1234] = 60000
+    tokens.flush()
+    del tokens
+    err = train_fails(tiny_run_args(data, tmp_path / "out"))
+    assert (
+        f"error: {data}/val.bin: token id 60000 at position 1234 is beyond the vocabulary (50257)"
+    ) in err
+
+
+def test_meta_json_from_another_tokenizer(data, tmp_path):
+    meta = json.loads((data / "meta.json").read_text())
+    meta["tokenizer_sha256"]["vocab.bpe"] = "0" * 64
+    (data / "meta.json").write_text(json.dumps(meta))
+    err = train_fails(tiny_run_args(data, tmp_path / "out"))
+    assert f"error: {data}/meta.json: made with tokenizer 'gpt2' (" in err
+    assert "not this package's GPT-2 BPE; re-create it with: python tools/prepare_data.py" in err
+
+
+def test_meta_json_that_does_not_parse(data, tmp_path):
+    (data / "meta.json").write_text('{"format": "gpt_ds.tokens",')
+    err = train_fails(tiny_run_args(data, tmp_path / "out"))
+    assert f"error: {data}/meta.json: cannot read dataset description: Expecting" in err
+
+
+def test_missing_data_dir(tmp_path):
+    missing = tmp_path / "nowhere"
+    err = train_fails(tiny_run_args(missing, tmp_path / "out"))
+    assert (
+        f"--data_dir {missing}: missing train.bin, val.bin, meta.json "
+        f"(make it with: python tools/prepare_data.py --out_dir {missing})"
+    ) in err
+
+
+def test_deepspeed_config_that_does_not_parse(shakespeare_dir, tmp_path):
+    bad = tmp_path / "ds.json"
+    bad.write_text('{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": 2,}\n')
+    err = train_fails(tiny_run_args(shakespeare_dir, tmp_path / "out", deepspeed_config=bad))
+    assert f"error: invalid configuration ({bad}):" in err
+    assert f"{bad}:3:36: invalid JSON: Expecting property name enclosed in double quotes" in err
+
+
+def test_out_dir_that_is_not_writable(shakespeare_dir, tmp_path):
+    """A path under a regular file (root ignores chmod, so permissions cannot show this)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    out = blocker / "out"
+    err = train_fails(tiny_run_args(shakespeare_dir, out))
+    assert f"error: --out_dir {out}: not writable (Not a directory)" in err
+
+
+def test_resume_with_no_checkpoint(shakespeare_dir, tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    err = train_fails(tiny_run_args(shakespeare_dir, out, resume=True))
+    assert (
+        f"error: --resume: no complete checkpoint in {out} (looked for */gpt_ds.json); "
+        "start without --resume"
+    ) in err
+
+
+# ---------------------------------------------------------------------------- checkpoints
+@pytest.fixture(scope="module")
+def checkpointed(shakespeare_dir, tmp_path_factory) -> Path:
+    """A real one-iteration run of the 2-layer model: its out_dir holds `final`."""
+    out = tmp_path_factory.mktemp("ckpt") / "out"
+    args = tiny_run_args(
+        shakespeare_dir, out, **SMALL, max_iters=1, warmup_iters=0, eval_interval=0, eval_iters=1
+    )
+    run_python([str(TRAIN), *args], timeout=300)
+    assert (out / "final" / "gpt_ds.json").is_file()
+    return out
+
+
+@pytest.mark.slow
+def test_resume_with_a_different_model_size(checkpointed, shakespeare_dir, tmp_path):
+    run = shutil.copytree(checkpointed, tmp_path / "out")
+    args = tiny_run_args(shakespeare_dir, run, **{**SMALL, "n_layer": 3}, resume=True)
+    err = train_fails(args)
+    assert (
+        f"error: {run}/final: checkpoint is of a different model (n_layer: checkpoint 2 vs "
+        "run 3); resume with the same --model/--n_layer/--n_head/--n_embd/--block_size"
+    ) in err
+
+
+@pytest.mark.slow
+def test_resume_tag_that_does_not_exist(checkpointed, shakespeare_dir, tmp_path):
+    run = shutil.copytree(checkpointed, tmp_path / "out")
+    (run / "iter_5.partial").mkdir()  # staging leftovers are not checkpoints either
+    err = train_fails(tiny_run_args(shakespeare_dir, run, **SMALL, resume="iter_5"))
+    assert (
+        f"error: --resume iter_5: no complete checkpoint with that tag in {run} "
+        "(complete tags: final)"
+    ) in err
+
+
+# ---------------------------------------------------------------------------- hostfiles
+BAD_HOSTFILE = "localhost slots=2\nworker-2 slots 4\n"
+
+
+def test_hostfile_with_a_bad_line_preflight(tmp_path):
+    """gpt_ds's own parser (tools/preflight.py): every bad line, with its number and a fix."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(BAD_HOSTFILE)
+    proc = run_python(
+        [str(REPO / "tools" / "preflight.py"), "--hostfile", str(hostfile)], check=False
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"error: invalid configuration ({hostfile}):" in proc.stderr
+    assert (
+        "line 2: 'worker-2 slots 4' is not 'HOST slots=N' (the second field must be "
+        "'slots=N'), e.g. 'worker-1 slots=8'"
+    ) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_hostfile_with_a_bad_line_deepspeed(shakespeare_dir, tmp_path):
+    """`deepspeed --hostfile` itself: refuses before launching anything (with a traceback)."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(BAD_HOSTFILE)
+    cmd = [str(VENV_BIN / "deepspeed"), "--hostfile", str(hostfile), str(TRAIN)]
+    cmd += tiny_run_args(shakespeare_dir, tmp_path / "out")
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert (
+        "ValueError: Hostfile contains a bad entry: worker-2 slots 4, unable to proceed with "
+        "launching"
+    ) in proc.stderr
+    assert not (tmp_path / "out").exists()
