@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Run a command in the gpt_ds container on this node, set up for (multi-node) training:
+# host network (NCCL/RCCL and the master port use the host's interfaces directly), the GPUs,
+# shared memory, the data and checkpoint directories at the SAME path as on the host (so the
+# same path on every node), and the launch environment passed through.
+#
+#   DATA_DIR=/shared/data CKPT_DIR=/shared/out launchers/docker/run.sh \
+#       launchers/run_node.sh 0 10.0.0.1 2 -- --deepspeed_config ds_configs/zero2.json \
+#       --data_dir /shared/data/owt --out_dir /shared/out/run1
+#
+# (The same on every node with its NODE_RANK; the command runs in /workspace/gpt_ds.)
+# Knobs: PLATFORM (cuda | rocm; default rocm when /dev/kfd exists), IMAGE (default
+# gpt_ds:$PLATFORM), DATA_DIR / CKPT_DIR (host directories, colon-separated lists allowed),
+# MOUNT_CODE=1 (this checkout over /workspace/gpt_ds), SSH_DIR (mounted as /root/.ssh, for
+# hostfile launches between containers: their sshd listens on 2222, so SSH_PORT=2222),
+# IPC_HOST=0 with SHM_SIZE (default 16g) instead of --ipc=host, DOCKER_ARGS (more options).
+# Stop with `docker stop -t 120 NAME`: the ranks get SIGTERM and time to save a checkpoint.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+[ $# -gt 0 ] || set -- bash
+
+PLATFORM=${PLATFORM:-$([ -e /dev/kfd ] && echo rocm || echo cuda)}
+IMAGE=${IMAGE:-gpt_ds:$PLATFORM}
+args=(--rm --init --network host --ulimit memlock=-1 --ulimit stack=67108864
+    -w /workspace/gpt_ds)
+[ ! -t 0 ] || args+=(-it)
+if [ "${IPC_HOST:-1}" = 1 ]; then
+    args+=(--ipc host)
+else
+    args+=(--shm-size "${SHM_SIZE:-16g}")
+fi
+case $PLATFORM in
+    cuda) args+=(--gpus all) ;;
+    rocm)
+        args+=(--device /dev/kfd --device /dev/dri --group-add video
+            --security-opt seccomp=unconfined --cap-add SYS_PTRACE)
+        render_gid=$(getent group render | cut -d: -f3 || true)
+        [ -z "$render_gid" ] || args+=(--group-add "$render_gid")
+        ;;
+    *)
+        echo "error: PLATFORM must be cuda or rocm, got '$PLATFORM'" >&2
+        exit 2
+        ;;
+esac
+
+IFS=: read -r -a dirs <<<"${DATA_DIR:-}:${CKPT_DIR:-}"
+for d in "${dirs[@]}"; do
+    [ -n "$d" ] || continue
+    mkdir -p "$d"
+    d=$(cd "$d" && pwd)
+    args+=(-v "$d:$d")
+done
+[ "${MOUNT_CODE:-0}" != 1 ] || args+=(-v "$root:/workspace/gpt_ds")
+[ -z "${SSH_DIR:-}" ] || args+=(-v "$SSH_DIR:/root/.ssh:ro")
+
+# the launch environment (not TORCH_EXTENSIONS_DIR: the image has its own per-environment cache)
+while IFS= read -r name; do
+    args+=(-e "$name")
+done < <(compgen -e | grep -E '^(NCCL_|GLOO_|HSA_|HIP_|RCCL_|MIOPEN_|TORCH_NCCL_|TORCH_DISTRIBUTED_|PYTORCH_|HF_|WANDB_|DEEPSPEED_TIMEOUT$|CUDA_VISIBLE_DEVICES$|OMP_NUM_THREADS$|NET_IF$|USE_IB$|SKIP_PREFLIGHT$|MASTER_ADDR$|MASTER_PORT$|HOSTFILE$|GPUS_PER_NODE$|NUM_GPUS$|MIN_FREE_GB$|DS_ENV_EXTRA$|SSH_PORT$)' || true)
+
+read -r -a extra <<<"${DOCKER_ARGS:-}"
+exec docker run "${args[@]}" "${extra[@]}" "$IMAGE" "$@"

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Train on several machines with DeepSpeed's hostfile runner: from this node, pdsh starts
+# DeepSpeed's per-node launcher on every host of the hostfile over ssh (this node included).
+#
+#   HOSTFILE=hostfile MASTER_ADDR=10.0.0.1 NET_IF=eth0 launchers/multi_node.sh \
+#       --deepspeed_config ds_configs/zero2.json --model gpt2-medium \
+#       --data_dir /shared/data/owt --out_dir /shared/out/medium
+#
+# Every argument goes to gpt_ds/train.py. Needs: passwordless ssh to every host, pdsh here, and
+# the project, its Python environment, data and --out_dir at the same paths on every host
+# (tools/preflight.py checks all of it first; see hostfile.example and docs/launching.md).
+#
+# Knobs (environment): HOSTFILE (default: hostfile), MASTER_ADDR (default: the first host's
+# address on NET_IF, else its first `hostname -I` address, as DeepSpeed picks), MASTER_PORT
+# (29500), SSH_PORT (sshd port, if not in ~/.ssh/config), LAUNCHER (pdsh; or openmpi, mpich,
+# impi, mvapich, slurm), LAUNCHER_ARGS (options for that launcher), DS_ARGS (more runner options, e.g. "--include worker-1:0,1@worker-2"),
+# DS_ENV_FILE (default .deepspeed_env), DS_ENV_EXTRA, EXPECTED_DEVICES, MIN_FREE_GB,
+# SKIP_PREFLIGHT=1, and those of launchers/env.sh (NET_IF, USE_IB, NCCL_DEBUG, ...).
+#
+# It writes DS_ENV_FILE in the project directory: the variables remote ranks need (NCCL/RCCL,
+# gloo, OpenMP, JIT cache, PATH; see gpt_ds_write_ds_env in env.sh). DeepSpeed reads that file
+# (and ~/.deepspeed_env) and exports its lines in the remote command, because ranks started
+# over ssh do not inherit this shell's environment.
+set -euo pipefail
+# shellcheck source=launchers/env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$GPT_DS_ROOT"
+
+HOSTFILE=${HOSTFILE:-hostfile}
+MASTER_PORT=${MASTER_PORT:-29500}
+export DS_ENV_FILE=${DS_ENV_FILE:-.deepspeed_env}
+if [ ! -f "$HOSTFILE" ]; then
+    echo "error: hostfile '$HOSTFILE' not found: copy hostfile.example, or set HOSTFILE" >&2
+    exit 2
+fi
+ssh_opts=(-o BatchMode=yes -o ConnectTimeout=10)
+[ -z "${SSH_PORT:-}" ] || ssh_opts+=(-p "$SSH_PORT")
+
+if [ -z "${MASTER_ADDR:-}" ]; then
+    first=$(awk '!/^[[:space:]]*(#|$)/ {print $1; exit}' "$HOSTFILE")
+    if [ -n "${NET_IF:-}" ]; then
+        query="ip -4 -o addr show dev $NET_IF"
+    else
+        query="hostname -I"
+    fi
+    # shellcheck disable=SC2029  # the query is built here on purpose
+    MASTER_ADDR=$(ssh "${ssh_opts[@]}" "$first" "$query" 2>/dev/null |
+        awk '{ if ($4 ~ /\//) { split($4, a, "/"); print a[1] } else print $1; exit }') || true
+    MASTER_ADDR=${MASTER_ADDR:-$first}
+    echo "MASTER_ADDR=$MASTER_ADDR (first host $first; set MASTER_ADDR to choose)" >&2
+fi
+
+# ranks per node = the largest slots value, for OMP_NUM_THREADS
+slots=$(awk '!/^[[:space:]]*(#|$)/ { if (match($0, /slots=[0-9]+/)) { n = substr($0, RSTART + 6, RLENGTH - 6) + 0; if (n > m) m = n } } END { print m + 0 }' "$HOSTFILE")
+gpt_ds_threads "$slots"
+gpt_ds_write_ds_env "$DS_ENV_FILE"
+
+preflight=(--hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
+    --checkpoint_dir "$(gpt_ds_out_dir "$@")" --min_free_gb "${MIN_FREE_GB:-5}")
+[ -z "${SSH_PORT:-}" ] || preflight+=(--ssh_port "$SSH_PORT")
+[ -z "${EXPECTED_DEVICES:-}" ] || preflight+=(--expected_devices "$EXPECTED_DEVICES")
+gpt_ds_preflight "${preflight[@]}"
+
+runner=(--hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
+    --launcher "${LAUNCHER:-pdsh}")
+[ -z "${SSH_PORT:-}" ] || runner+=(--ssh_port "$SSH_PORT")
+[ -z "${LAUNCHER_ARGS:-}" ] || runner+=(--launcher_args "$LAUNCHER_ARGS")
+read -r -a ds_args <<<"${DS_ARGS:-}"
+exec deepspeed "${runner[@]}" "${ds_args[@]}" gpt_ds/train.py "$@"

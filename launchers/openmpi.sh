@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Train on several machines with OpenMPI's mpirun instead of pdsh (DeepSpeed `--launcher
+# openmpi`): one process per slot of the hostfile, started by mpirun over its own ssh/rsh agent.
+#
+#   HOSTFILE=hostfile MASTER_ADDR=10.0.0.1 NET_IF=eth0 launchers/openmpi.sh \
+#       --deepspeed_config ds_configs/zero2.json --model gpt2 --data_dir /shared/data/owt ...
+#
+# Every argument goes to gpt_ds/train.py. Needs OpenMPI (`ompi_info` on PATH) on every node and
+# mpi4py in the Python environment (DeepSpeed reads ranks and the master address through it).
+# DeepSpeed's OpenMPI runner supports no --include/--exclude/--num_gpus: edit the hostfile.
+# mpirun's TCP traffic is pinned to NET_IF (default: this node's default-route interface);
+# as root (Docker) --allow-run-as-root is added. MPI_ARGS adds mpirun options.
+# Otherwise as launchers/multi_node.sh (same knobs, same .deepspeed_env, same preflight).
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [ -z "${NET_IF:-}" ]; then
+    NET_IF=$(ip route show default 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }')
+    if [ -z "$NET_IF" ]; then
+        echo "error: set NET_IF to the interface the nodes share (see: ip -br addr)" >&2
+        exit 2
+    fi
+    echo "NET_IF=$NET_IF (default route; set NET_IF to choose)" >&2
+fi
+export NET_IF
+mpi_args="--mca btl_tcp_if_include $NET_IF --mca oob_tcp_if_include $NET_IF"
+[ "$(id -u)" != 0 ] || mpi_args+=" --allow-run-as-root"
+mpi_args+=" ${MPI_ARGS:-}"
+export LAUNCHER=openmpi LAUNCHER_ARGS="$mpi_args"
+exec "$here/multi_node.sh" "$@"

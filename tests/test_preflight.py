@@ -1,0 +1,328 @@
+"""Hostfile parsing (against DeepSpeed's own parser) and the multi-node preflight check.
+
+The slow tests run preflight over real ssh to loopback "nodes" (tests/sshd_loopback.py): all
+green, an unreachable node, and a node whose Python sees another deepspeed version (its sshd
+runs in a private mount namespace where the installed deepspeed's METADATA says 0.18.0: a real
+file difference at the same path, as on a badly provisioned machine).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import ds_launch
+import pytest
+from ds_launch import REPO, free_port
+from sshd_loopback import Unavailable, ensure_packages, sshd_fixture
+
+from gpt_ds.errors import ConfigError
+from gpt_ds.hostfile import parse_hostfile_text, read_hostfile, resource_pool
+from gpt_ds.preflight import (
+    Check,
+    HostReport,
+    MasterListener,
+    PreflightResult,
+    deepspeed_exports,
+    ds_quote,
+    format_report,
+    parse_probe_output,
+    probe_script,
+    remote_command,
+    run_probe,
+)
+
+ssh_loopback = sshd_fixture()
+
+GOOD = """\
+# two nodes, 8 GPUs each
+worker-1 slots=8
+
+  worker-2\tslots=8   max_slots=8   # OpenMPI's extra field and a trailing comment: ignored
+10.0.0.7 slots=4\r
+"""
+
+
+def ds_parse(text: str):
+    from deepspeed.launcher.runner import _parse_hostfile
+
+    return _parse_hostfile(text.splitlines(keepends=True))
+
+
+# --- hostfile ----------------------------------------------------------------------------------
+
+
+def test_good_hostfile_matches_deepspeed():
+    entries = parse_hostfile_text(GOOD)
+    assert [(e.host, e.slots, e.line) for e in entries] == [
+        ("worker-1", 8, 2),
+        ("worker-2", 8, 4),
+        ("10.0.0.7", 4, 5),
+    ]
+    assert resource_pool(entries) == dict(ds_parse(GOOD))
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("worker-3", "'slots=N' is missing"),
+        ("worker-3 slots = 4", "no spaces around '='"),
+        ("worker-3 slots=", "the second field must be 'slots=N'"),
+        ("worker-3 slots=-2", "whole number >= 1"),
+        ("worker-3 gpus=4", "'slots=N' is missing"),
+        ("slots=4", "host name is missing"),
+        ("worker-3:slots=4", "'HOST slots=N'"),
+    ],
+)
+def test_each_malformed_kind_is_what_deepspeed_rejects(line, message):
+    text = GOOD + line + "\n"
+    with pytest.raises(ValueError, match="bad entry"):
+        ds_parse(text)
+    with pytest.raises(ConfigError) as err:
+        parse_hostfile_text(text, source="hf")
+    assert len(err.value.problems) == 1
+    assert err.value.problems[0].startswith("line 6: ")
+    assert message in err.value.problems[0]
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("worker-3 slots=0", "slots=0 starts no rank"),
+        ("worker-3 slots=4x", "DeepSpeed would silently read it as 4"),
+        ("worker-3,worker-4 slots=4", "read as separators"),
+        ("worker@3 slots=4", "read as separators"),
+    ],
+)
+def test_lines_deepspeed_accepts_but_break_later(line, message):
+    text = GOOD + line + "\n"
+    ds_parse(text)  # DeepSpeed lets it through...
+    with pytest.raises(ConfigError, match=message):  # ...we say why it will go wrong
+        parse_hostfile_text(text)
+
+
+def test_every_problem_reported_at_once_with_line_numbers():
+    text = "a slots=2\nb slots 2\n\n# ok\nc slots=0\na slots=1\nd\n"
+    with pytest.raises(ConfigError) as err:
+        parse_hostfile_text(text, source="hostfile")
+    lines = [p.split(":")[0] for p in err.value.problems]
+    assert lines == ["line 2", "line 5", "line 6", "line 7"]
+    assert "listed again (first on line 1)" in err.value.problems[2]
+    with pytest.raises(ValueError, match="bad entry"):
+        ds_parse(text)
+
+
+def test_empty_and_missing_hostfiles(tmp_path):
+    with pytest.raises(ConfigError, match="no hosts"):
+        parse_hostfile_text("# nothing\n\n")
+    with pytest.raises(ValueError, match="empty"):
+        ds_parse("# nothing\n\n")
+    with pytest.raises(ConfigError, match="not found"):
+        read_hostfile(tmp_path / "hostfile")
+
+
+def test_example_hostfile_parses():
+    entries = read_hostfile(REPO / "hostfile.example")
+    assert entries and resource_pool(entries) == dict(
+        ds_parse((REPO / "hostfile.example").read_text())
+    )
+
+
+# --- what DeepSpeed exports to remote ranks ------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["/a/b:c", "$HOME/x", "a b", "x=1,y@2%", 'q"uote'])
+def test_export_quoting_is_deepspeeds(value):
+    from deepspeed.launcher.multinode_runner import MultiNodeRunner
+
+    runner = SimpleNamespace(exports={})
+    MultiNodeRunner.add_export(runner, "K", value)
+    assert ds_quote(value) == runner.exports["K"]
+
+
+def test_deepspeed_env_file_read_like_deepspeed_and_bad_lines_flagged(tmp_path):
+    env = {"DS_ENV_FILE": str(tmp_path / "ds_env"), "NCCL_DEBUG": "WARN", "HOME_X": "no"}
+    (tmp_path / "ds_env").write_text("TORCH_EXTENSIONS_DIR=/x/ext\nOMP_NUM_THREADS = 4\n")
+    exports, problems = deepspeed_exports("/proj", env)
+    assert exports == {
+        "NCCL_DEBUG": "WARN",
+        "PYTHONPATH": "/proj",
+        "TORCH_EXTENSIONS_DIR": "/x/ext",
+        "OMP_NUM_THREADS": "4",
+    }
+    assert problems == []
+    (tmp_path / "ds_env").write_text("A=1\n\n# note=x\n")
+    _, problems = deepspeed_exports("/proj", env)
+    assert len(problems) == 2 and "line 2" in problems[0] and "line 3" in problems[1]
+
+
+# --- the probe, run locally ---------------------------------------------------------------------
+
+
+def test_probe_reports_this_environment(tmp_path):
+    req = {
+        "project_dir": str(REPO),
+        "code_files": ["gpt_ds/hostfile.py", "gpt_ds/no_such_file.py"],
+        "checkpoint_dir": str(tmp_path / "not" / "yet"),
+    }
+    cmd = remote_command(sys.executable, {"PYTHONPATH": str(REPO), "MARK": "a b"})
+    rc, out, err = run_probe(["sh", "-c", cmd], probe_script(req), timeout=120)
+    assert rc == 0, err
+    got = parse_probe_output("banner from .bashrc\n" + out)
+    assert got["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert got["torch"] == importlib.metadata.version("torch")
+    assert got["deepspeed"] == importlib.metadata.version("deepspeed")
+    assert got["project_exists"] and got["code"]["gpt_ds/no_such_file.py"] is None
+    assert got["disk_path"] == str(tmp_path) and got["disk_writable"]
+    assert got["device_count"] == 0 or got["device_kind"] in ("cuda", "rocm")
+
+
+def test_master_port_in_use_is_reported():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with MasterListener("127.0.0.1", port) as listener:
+            assert listener.local and listener.error == "port in use here"
+    with MasterListener("127.0.0.1", port) as listener:
+        assert listener.error is None
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_report_table_and_fix_lines():
+    good = {n: Check(True, "fine") for n in ("ssh", "project", "python")}
+    bad = dict(good, python=Check(False, "3.10.1 != 3.11.7", "install python 3.11.7"))
+    result = PreflightResult(
+        local={"python": "3.11.7", "executable": "/v/bin/python", "torch": "2", "deepspeed": "0"},
+        reports=[HostReport("n1", 8, good), HostReport("n2", 8, bad)],
+        problems=["bad .deepspeed_env"],
+        master="n1:29500",
+    )
+    text = format_report(result)
+    assert "fix: bad .deepspeed_env" in text
+    assert "fix: n2 python: install python 3.11.7" in text
+    assert "1 of 2 hosts failed" in text
+    row = next(line for line in text.splitlines() if line.startswith("n2"))
+    assert "✗ 3.10.1 != 3.11.7" in row or "X 3.10.1 != 3.11.7" in row
+
+
+# --- over real ssh (slow) ------------------------------------------------------------------------
+
+
+def preflight(hostfile: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python tools/preflight.py`, as a user runs it, from the project directory."""
+    env = ds_launch.test_env()
+    env["PYTHONIOENCODING"] = "utf-8"
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools" / "preflight.py"), "--hostfile", str(hostfile), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def rows(stdout: str) -> dict[str, str]:
+    return {line.split()[0]: line for line in stdout.splitlines() if line.startswith("127.")}
+
+
+def common_args(tmp_path: Path) -> list[str]:
+    return [
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+        "--checkpoint_dir", str(tmp_path / "ckpt"), "--min_free_gb", "0.01", "--timeout", "60",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_all_green_on_two_loopback_nodes(ssh_loopback, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
+    proc = preflight(hostfile, *common_args(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = rows(proc.stdout)
+    assert set(table) == {"127.0.0.1", "127.0.0.2"}
+    for row in table.values():
+        assert "✗" not in row and row.count("✓") == 8, row
+    assert "0/cpu" in table["127.0.0.2"] and "same code" in table["127.0.0.2"]
+    assert "all 2 hosts ready" in proc.stdout and "fix:" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_unreachable_node_reported(ssh_loopback, tmp_path):
+    ssh_loopback.dead_address("127.0.0.3")  # ~/.ssh/config: a port where nothing listens
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.1 slots=1\n127.0.0.3 slots=1\n")
+    proc = preflight(hostfile, *common_args(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    table = rows(proc.stdout)
+    assert "✗" not in table["127.0.0.1"]
+    assert "✗ connection refused" in table["127.0.0.3"]
+    assert table["127.0.0.3"].count("–") == 7  # nothing else could be checked
+    assert "fix: 127.0.0.3 ssh: start sshd on 127.0.0.3" in proc.stdout
+    assert "1 of 2 hosts failed" in proc.stdout
+
+
+@pytest.mark.slow
+def test_deepspeed_version_mismatch_reported(ssh_loopback, tmp_path):
+    dist = importlib.metadata.distribution("deepspeed")
+    real = next(Path(dist.locate_file(f)) for f in dist.files if f.name == "METADATA")
+    fake = tmp_path / "METADATA"
+    here = dist.version
+    fake.write_text(real.read_text().replace(f"Version: {here}", "Version: 0.18.0", 1))
+    try:
+        node = ssh_loopback.start_sshd(("127.0.0.4",), bind_mounts={str(fake): str(real)})
+    except Exception as exc:  # no mount namespaces here (e.g. an unprivileged container)
+        pytest.skip(f"cannot give 127.0.0.4 its own view of the files: {exc}")
+    try:
+        assert importlib.metadata.version("deepspeed") == here  # this node is untouched
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("127.0.0.1 slots=1\n127.0.0.4 slots=1\n")
+        proc = preflight(hostfile, *common_args(tmp_path))
+    finally:
+        ssh_loopback.stop_sshd(node)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    table = rows(proc.stdout)
+    assert "✗" not in table["127.0.0.1"]
+    assert f"✗ 0.18.0 != {here}" in table["127.0.0.4"]
+    assert table["127.0.0.4"].count("✗") == 1  # python, torch, code, devices, master, disk fine
+    assert f"fix: 127.0.0.4 deepspeed: deepspeed 0.18.0 on 127.0.0.4 but {here} here" in proc.stdout
+    assert f"-m pip install deepspeed=={here}" in proc.stdout
+
+
+def test_bad_hostfile_exits_2_with_every_line(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.1 slots=1\n127.0.0.2 slots 1\n127.0.0.1 slots=1\n")
+    proc = preflight(hostfile)
+    assert proc.returncode == 2
+    assert "line 2:" in proc.stderr and "line 3:" in proc.stderr
+
+
+def test_launchers_exist_and_parse():
+    """Launchers the docs point at are there, executable and `bash -n` clean."""
+    for name in MY_SCRIPTS:
+        path = REPO / "launchers" / name
+        proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{path}: {proc.stderr}"
+        assert name == "env.sh" or os.access(path, os.X_OK), f"{path} is not executable"
+
+
+MY_SCRIPTS = [
+    "env.sh", "single_node.sh", "multi_node.sh", "openmpi.sh", "run_node.sh", "slurm.sbatch",
+    "docker/run.sh",
+]  # fmt: skip
+
+
+def test_launchers_are_shellcheck_clean():
+    try:
+        ensure_packages({"shellcheck": "shellcheck"})
+    except Unavailable as exc:
+        pytest.skip(f"shellcheck cannot be installed here: {exc}")
+    scripts = [str(REPO / "launchers" / s) for s in MY_SCRIPTS]
+    proc = subprocess.run(["shellcheck", "-x", *scripts], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
