@@ -104,6 +104,19 @@ def build_model(shape: ModelShape, dropout: float = 0.0, init_from: str = "scrat
     )
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each block's activations in backward (non-reentrant, so ZeRO-3 works).
+
+    transformers 5 renamed `gradient_checkpointing_enable` (now a deprecated alias) to
+    `activation_checkpointing_enable`; 4.x only has the old name.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def shape_of(model) -> ModelShape:
     """The shape of a built model (e.g. one loaded with `init_from`)."""
     c = model.config

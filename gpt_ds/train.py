@@ -53,6 +53,7 @@ from gpt_ds.model import (  # noqa: E402
     ModelShape,
     build_model,
     count_params,
+    enable_activation_checkpointing,
     flops_per_token,
     lm_loss,
     resolve_shape,
@@ -190,7 +191,7 @@ def train(cfg: RunConfig, shape: ModelShape, resolved, data, ckpt: Checkpointer,
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(shape, cfg.dropout, cfg.init_from)
     if cfg.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     assert shape_of(model).num_params() == count_params(model)
     weight_decay = resolved.config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     engine, *_ = deepspeed.initialize(

@@ -36,7 +36,12 @@ from gpt_ds.memory import (
     parameter_layout,
     plan,
 )
-from gpt_ds.model import MODEL_PRESETS, ModelShape, build_model
+from gpt_ds.model import (
+    MODEL_PRESETS,
+    ModelShape,
+    build_model,
+    enable_activation_checkpointing,
+)
 
 XL = MODEL_PRESETS["gpt2-xl"]
 SHAPES = {
@@ -239,7 +244,7 @@ def _saved_bytes(shape: ModelShape, dtype, micro: int, checkpointing: bool) -> i
     torch.manual_seed(0)
     model = build_model(shape).to(dtype).train()
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
