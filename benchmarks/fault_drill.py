@@ -41,6 +41,7 @@ from test_faults import (  # noqa: E402
 
 # 2 layers, 128 wide: saves of 111 MB stay open long enough (~0.3 s) to be hit on purpose
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 128}
+EVAL_INTERVAL = 2  # a checkpoint every 2 iterations: many saves to hit
 RESUMED = re.compile(r"resumed from \S+/(\S+) at iteration (\d+)")
 
 
@@ -65,7 +66,9 @@ def intact(out: Path, tag: str, manifest: dict) -> bool:
 
 def run_args(data: Path, out: Path, max_iters: int, **more) -> list[str]:
     schedule = {"max_iters": max_iters, "lr_decay_iters": max_iters, "warmup_iters": 2}
-    return tiny_run_args(data, out, **MODEL, **schedule, eval_interval=2, eval_iters=2, **more)
+    return tiny_run_args(
+        data, out, **MODEL, **schedule, eval_interval=EVAL_INTERVAL, eval_iters=2, **more
+    )
 
 
 def kill_once(
@@ -79,17 +82,25 @@ def kill_once(
         return max((r["iter"] for r in records(out)[old:] if "loss" in r), default=start)
 
     if mode == "train":
-        target = min(start + rng.randint(1, 3), max_iters - 1)
+        target = min(start + rng.randint(1, 6), max_iters - 1)
         run.wait_for(lambda: trained() >= target, f"iteration {target}")
         time.sleep(rng.uniform(0.0, 0.3))
         where = f"iteration {trained()}"
     else:
+        # let 0-2 of the saves still to come (before `final`) complete, then hit the next one
+        saves_left = (max_iters - 1) // EVAL_INTERVAL - start // EVAL_INTERVAL
+        skip = rng.randint(0, min(2, saves_left - 1))
         before = {p.name for p in out.glob("*.partial")}
+
+        def saved_since_start() -> int:
+            return sum(m["iteration"] > start for m in complete_checkpoints(out).values())
 
         def saving():
             return [p for p in out.glob("iter_*.partial") if p.name not in before]
 
-        run.wait_for(lambda: bool(saving()), "a checkpoint save")
+        run.wait_for(
+            lambda: saved_since_start() >= skip and bool(saving()), f"save {skip + 1} after {start}"
+        )
         tag = saving()[0].name.removesuffix(".partial")
         where = f"saving {tag}"
     if run.proc.poll() is not None:
@@ -143,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         mode = rng.choice(["train", "save"])
         complete = complete_checkpoints(out) if out.exists() else {}
         newest = max((m["iteration"] for m in complete.values()), default=0)
-        if newest >= args.max_iters - 3:  # no iter_* save left before `final`
+        if newest >= args.max_iters - 1 - EVAL_INTERVAL:  # no iter_* save left before `final`
             mode = "train"
         resume = bool(complete)  # killed before the first checkpoint: start again
         run = Launch(run_args(data, out, args.max_iters, resume=resume), work / f"launch{k}.log")
