@@ -14,7 +14,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_exte
 import json  # noqa: E402
 
 import pytest  # noqa: E402
-from ds_launch import REPO, run_python  # noqa: E402
+from ds_launch import REPO, run_deepspeed, run_python  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +57,28 @@ def tiny_run_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
         elif v is not None and v is not False:
             argv += [f"--{k}", str(v)]
     return argv
+
+
+STAGE_RUN_ITERS = 24
+
+
+@pytest.fixture(scope="session")
+def stage_run(shakespeare_dir, tmp_path_factory):
+    """stage_run(stage) -> (out_dir, stdout) of a 24-iteration, 2-rank fp32 gpt2-tiny run under
+    ds_configs/zero{stage}.json (evaluations at 10, 20, 24), launched once per session on first
+    use: test_train checks that it trained, test_export exports it. Read-only for its users."""
+    runs: dict[int, tuple[Path, str]] = {}
+
+    def get(stage: int) -> tuple[Path, str]:
+        if stage not in runs:
+            out = tmp_path_factory.mktemp(f"zero{stage}") / "run"
+            args = tiny_run_args(
+                shakespeare_dir,
+                out,
+                deepspeed_config=f"ds_configs/zero{stage}.json",
+                max_iters=STAGE_RUN_ITERS,
+            )
+            runs[stage] = (out, run_deepspeed(args, num_gpus=2).stdout)
+        return runs[stage]
+
+    return get

@@ -3,7 +3,8 @@
 The reference in each test is computed independently: DeepSpeed's own `zero_to_fp32.py` (the
 copy it writes into the run directory, run as a script), a plain `GPT2LMHeadModel` holding its
 output, the training run's own evaluation in metrics.jsonl, and tiktoken for the tokenizer.
-One tiny 2-rank run per ZeRO stage is trained once per module and shared by the tests.
+One tiny 2-rank run per ZeRO stage, trained once per session (conftest.stage_run), is shared
+with test_train.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import read_metrics, tiny_run_args
-from ds_launch import REPO, run_deepspeed, run_python
+from conftest import STAGE_RUN_ITERS, read_metrics
+from ds_launch import REPO, run_python
 
 from gpt_ds import export
 from gpt_ds.data import eval_windows, window_batch
@@ -26,31 +27,14 @@ from gpt_ds.errors import CheckpointError
 from gpt_ds.model import ModelShape, gpt2_config
 
 TOOLS = REPO / "tools"
-EVAL_ITERS, MICRO_BATCH, BLOCK = 3, 4, 64
+EVAL_ITERS, MICRO_BATCH, BLOCK = 4, 4, 64  # the stage runs' (conftest.tiny_run_args)
 
 
 # --------------------------------------------------------------------------- fixtures, helpers
 @pytest.fixture(scope="module")
-def trained(shakespeare_dir, tmp_path_factory):
-    """trained(stage) -> out dir of a 4-iteration 2-rank fp32 run (trained on first use)."""
-    runs: dict[int, Path] = {}
-
-    def get(stage: int) -> Path:
-        if stage not in runs:
-            out = tmp_path_factory.mktemp(f"zero{stage}") / "run"
-            args = tiny_run_args(
-                shakespeare_dir,
-                out,
-                deepspeed_config=f"ds_configs/zero{stage}.json",
-                max_iters=4,
-                eval_interval=0,
-                eval_iters=EVAL_ITERS,
-            )
-            run_deepspeed(args, num_gpus=2)
-            runs[stage] = out
-        return runs[stage]
-
-    return get
+def trained(stage_run):
+    """trained(stage) -> out dir of the session's 24-iteration 2-rank fp32 run of that stage."""
+    return lambda stage: stage_run(stage)[0]
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +141,7 @@ def test_export_equals_deepspeed_zero_to_fp32(stage, trained, shakespeare_dir, t
     with torch.no_grad():
         assert torch.equal(model(input_ids=x).logits, ref(input_ids=x).logits)
     logged = [r for r in read_metrics(out) if "val_loss" in r][-1]
-    assert logged["iter"] == 4
+    assert logged["iter"] == STAGE_RUN_ITERS
     assert math.isclose(val_loss(model, x, y), logged["val_loss"], rel_tol=0, abs_tol=2e-5)
 
 
@@ -262,7 +246,10 @@ def test_bad_inputs_fail_before_any_work_and_write_nothing(
     output = tmp_path / "out"
     cases = [
         (dict(checkpoint=tmp_path / "nope"), "does not exist"),
-        (dict(tag="iter_3"), "no checkpoint with tag 'iter_3' (complete tags: broken, final)"),
+        (
+            dict(tag="iter_3"),
+            "no checkpoint with tag 'iter_3' (complete tags: iter_10, iter_20, broken, final)",
+        ),
         (dict(tag="iter_9"), "incomplete checkpoint (no gpt_ds.json"),
         (dict(tag="broken"), "zero_pp_rank_1_mp_rank_00_optim_states.pt missing"),
         (dict(output=hf_export), "already holds a model (config.json"),

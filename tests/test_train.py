@@ -61,13 +61,9 @@ def reference_val_loss(model, val_bin, block_size: int, windows: int) -> float:
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_each_zero_stage_trains_and_loss_falls(stage, shakespeare_dir, tmp_path):
-    out = tmp_path / f"zero{stage}"
-    args = tiny_run_args(
-        shakespeare_dir, out, deepspeed_config=f"ds_configs/zero{stage}.json", max_iters=24
-    )
-    proc = run_deepspeed(args, num_gpus=2)
-    assert "rank 1/2" in proc.stdout
+def test_each_zero_stage_trains_and_loss_falls(stage, stage_run):
+    out, stdout = stage_run(stage)
+    assert "rank 1/2" in stdout
     losses = train_losses(out)
     assert sorted(losses) == list(range(1, 25))
     first, last = np.mean([losses[i] for i in (1, 2)]), np.mean([losses[i] for i in (23, 24)])
