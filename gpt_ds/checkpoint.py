@@ -88,6 +88,8 @@ def _io_failure(out_dir: Path, exc: Exception, checkpoint_bytes: int | None) -> 
     """`exc` of a failed write, with the free space where it happened (torch's writer reports
     a full disk as "unexpected pos ...", without errno)."""
     reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc).strip()
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        reason = f"{exc.strerror}: {exc.filename}"
     reason = reason.splitlines()[0] if reason else type(exc).__name__
     try:
         free = shutil.disk_usage(out_dir).free
@@ -152,14 +154,18 @@ class Checkpointer:
         return [name for _, name in sorted(found)]
 
     def partial_dirs(self) -> list[Path]:
+        """Leftovers of interrupted saves: any `TAG.partial/` (possibly still empty), and tag
+        directories holding DeepSpeed files but no manifest."""
         if not self.out_dir.is_dir():
             return []
         return sorted(
             d
             for d in self.out_dir.iterdir()
             if d.is_dir()
-            and (d.name.endswith(PARTIAL) or not (d / MANIFEST).exists())
-            and any(d.glob("*_states.pt"))
+            and (
+                d.name.endswith(PARTIAL)
+                or (not (d / MANIFEST).exists() and any(d.glob("*_states.pt")))
+            )
         )
 
     def latest_tag(self) -> str | None:
@@ -216,14 +222,15 @@ class Checkpointer:
         rank, world = dist.rank(), dist.world_size()
         staging_tag = tag + PARTIAL
         staging = self.out_dir / staging_tag
-        if rank == 0:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            if staging.exists():
-                shutil.rmtree(staging)  # leftover of a save that was killed
-        dist.barrier()
         client_state = {"gpt_ds": {"iteration": iteration, "tag": tag, **extra}}
         final = self.out_dir / tag
         try:
+            if rank == 0 and staging.exists():
+                shutil.rmtree(staging)  # leftover of a save that was killed
+            dist.barrier()
+            # made here, not by DeepSpeed: its makedirs logs a failure and carries on, and the
+            # error a user then sees is torch's "Parent directory ... does not exist"
+            staging.mkdir(parents=True, exist_ok=True)
             engine.save_checkpoint(
                 str(self.out_dir), tag=staging_tag, client_state=client_state, save_latest=False
             )

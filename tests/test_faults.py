@@ -371,7 +371,7 @@ def test_sigkill_mid_save_keeps_the_previous_checkpoint(victims, shakespeare_dir
         out = tmp_path / f"run{attempt}"
         run = launch(tiny_run_args(shakespeare_dir, out, **{**common, "max_iters": 1000}), "killed")
         partial = out / "iter_4.partial"
-        run.wait_for(partial.is_dir, "the save of iter_4 to begin")
+        run.wait_for(lambda p=partial: any(p.glob("*_states.pt")), "DeepSpeed to write iter_4")
         if victims == "rank 0":
             run.rank(0).kill()
         else:
@@ -484,6 +484,48 @@ def test_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(refs, launch,
         assert_same_weights(ref.out, out, "iter_2")
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+def _chattr(flag: str, path: Path) -> str | None:
+    """chattr(1) FLAG PATH; the reason it failed, or None."""
+    if not shutil.which("chattr"):
+        return "no chattr (e2fsprogs)"
+    proc = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True)
+    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
+
+
+def test_permission_error_while_saving_keeps_the_previous_checkpoint(refs, launch, tmp_path):
+    """--out_dir stops accepting new entries after the checkpoint at iteration 2 (`chattr +i`:
+    even root gets EPERM, where chmod would not stop it): the save at 4 fails naming the error,
+    the run exits 2, iter_2 stays `latest` and intact; once fixed, --resume continues from it
+    exactly like the uninterrupted run."""
+    ref = refs.get("zero2")
+    out = tmp_path / "run"
+    out.mkdir()
+    run = launch(ref.args(out), "eperm")
+    run.wait_for(lambda: 2 in checkpoint_iters(out), "the checkpoint at iteration 2")
+    why = _chattr("+i", out)
+    if why:
+        pytest.skip(f"cannot make a directory immutable here: {why}")
+    try:
+        rc = run.finish()
+    finally:
+        _chattr("-i", out)
+    assert rc == 2, run.tail()
+    text = run.output
+    assert f"error: saving checkpoint 'iter_4' to {out} failed on rank" in text, run.tail()
+    assert f"Operation not permitted: {out}/iter_4.partial (" in text
+    assert "MiB free on that filesystem" in text
+    assert "`latest` still names the previous checkpoint (iter_2), which is intact" in text
+    assert "Traceback" not in text
+    assert latest(out) == "iter_2" and complete_tags(out) == ["iter_2"]
+    assert not list(out.glob("iter_4*"))
+    assert run.shm() == []
+    assert_same_weights(ref.out, out, "iter_2")
+
+    resumed = launch(ref.args(out, resume=True), "resume").finish_ok()
+    assert f"resumed from {out}/iter_2 at iteration 2" in resumed.output
+    assert train_losses(out) == ref.losses
 
 
 def test_read_only_out_dir_fails_before_training(shakespeare_dir, launch, tmp_path):
