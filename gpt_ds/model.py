@@ -64,6 +64,16 @@ def resolve_shape(
     )
 
 
+def shape_problems(shape: ModelShape) -> list[str]:
+    """Why `shape` cannot be built (sizes below 1, heads that do not divide the width); the one
+    place this is checked, for the run config, the memory model and the preset picker alike."""
+    sizes = {name: getattr(shape, name) for name in ("n_layer", "n_head", "n_embd", "block_size")}
+    problems = [f"{name} must be >= 1, got {v}" for name, v in sizes.items() if v < 1]
+    if not problems and shape.n_embd % shape.n_head:
+        problems.append(f"n_embd {shape.n_embd} is not divisible by n_head {shape.n_head}")
+    return problems
+
+
 def gpt2_config(shape: ModelShape, dropout: float = 0.0):
     """The `transformers.GPT2Config` for a shape (SDPA attention, GPT-2's defaults otherwise)."""
     from transformers import GPT2Config
