@@ -101,6 +101,33 @@ class RunSettings:
     """Global gradient-norm clip (gradient_clipping); 0 disables it."""
     precision: str | None = None
     """None or "auto": detect from the hardware; "bf16", "fp16" or "fp32": forced."""
+    load_universal: bool = False
+    """Resume from a universal checkpoint (checkpoint.load_universal): another world size."""
+
+    def problems(self) -> list[str]:
+        """Every out-of-range value, named by its command-line flag: the one check of the run's
+        values that the DeepSpeed config depends on (config.validate uses it too)."""
+        problems: list[str] = []
+
+        def check(name: str, ok, what: str, optional: bool = True) -> None:
+            value = getattr(self, name)
+            if (value is None and optional) or (value is not None and ok(value)):
+                return
+            problems.append(f"{CLI_FLAGS[name]} must be {what}, got {value!r}")
+
+        def positive_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+        check("world_size", positive_int, "a positive integer", optional=False)
+        check("max_iters", positive_int, "a positive integer", optional=False)
+        check("micro_batch_size", positive_int, "a positive integer")
+        check("grad_accum", positive_int, "a positive integer")
+        check("warmup_iters", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+        check("lr", lambda v: v > 0, "> 0")
+        check("min_lr", lambda v: v >= 0, ">= 0")
+        check("grad_clip", lambda v: v >= 0, ">= 0 (0 disables clipping)")
+        check("precision", lambda v: v in (*PRECISIONS, "auto"), "one of auto, bf16, fp16, fp32")
+        return problems
 
 
 @dataclass
@@ -318,7 +345,7 @@ def resolve_ds_config(
     problems = validate_ds_config(raw)
     if problems:
         raise ConfigError(problems, source)
-    problems = _check_run(run)
+    problems = run.problems()
     if problems:
         raise ConfigError(problems, source)
 
@@ -329,6 +356,8 @@ def resolve_ds_config(
     grad_clip = r.grad_clip()
     r.monitors()
     r.leftover_autos()
+    if run.load_universal:
+        r.cfg.setdefault("checkpoint", {})["load_universal"] = True
     if r.problems:
         raise ConfigError(r.problems, source)
     return ResolvedDsConfig(
@@ -343,30 +372,6 @@ def resolve_ds_config(
         warmup_iters=warmup,
         grad_clip=grad_clip,
     )
-
-
-def _check_run(run: RunSettings) -> list[str]:
-    problems = []
-
-    def check(name: str, ok, what: str, optional: bool = True) -> None:
-        value = getattr(run, name)
-        if (value is None and optional) or (value is not None and ok(value)):
-            return
-        problems.append(f"{CLI_FLAGS[name]} must be {what}, got {value!r}")
-
-    def positive_int(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-    check("world_size", positive_int, "a positive integer", optional=False)
-    check("max_iters", positive_int, "a positive integer", optional=False)
-    check("micro_batch_size", positive_int, "a positive integer")
-    check("grad_accum", positive_int, "a positive integer")
-    check("warmup_iters", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
-    check("lr", lambda v: v > 0, "> 0")
-    check("min_lr", lambda v: v >= 0, ">= 0")
-    check("grad_clip", lambda v: v >= 0, ">= 0 (0 disables clipping)")
-    check("precision", lambda v: v in (*PRECISIONS, "auto"), "one of auto, bf16, fp16, fp32")
-    return problems
 
 
 def _is_set(value: Any) -> bool:

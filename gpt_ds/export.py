@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from gpt_ds.checkpoint import LATEST, MANIFEST, read_manifest
+from gpt_ds.checkpoint import CheckpointRef, resolve
 from gpt_ds.errors import CheckpointError
-from gpt_ds.model import ModelShape, gpt2_config
+from gpt_ds.model import gpt2_config
 
 FORMATS = ("hf", "safetensors", "pt")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -54,89 +54,17 @@ _UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 
 
 # --------------------------------------------------------------------------- the checkpoint
-@dataclass(frozen=True)
-class CheckpointRef:
-    """One complete, checked checkpoint tag of a training run."""
-
-    out_dir: Path
-    tag: str
-    manifest: dict
-
-    @property
-    def tag_dir(self) -> Path:
-        return self.out_dir / self.tag
-
-    @property
-    def shape(self) -> ModelShape:
-        return ModelShape(**self.manifest["model"])
-
-    @property
-    def dropout(self) -> float:
-        return float(self.manifest.get("config", {}).get("dropout", 0.0) or 0.0)
-
-
-def complete_tags(out_dir: Path) -> list[str]:
-    """Tags of `out_dir` that have a manifest, oldest first by iteration."""
-    found = []
-    for d in out_dir.iterdir() if out_dir.is_dir() else []:
-        if d.is_dir() and (m := read_manifest(d)) is not None:
-            found.append((m.get("iteration", -1), d.name))
-    return [name for _, name in sorted(found)]
-
-
-def is_checkpoint_dir(path: str | Path) -> bool:
-    """True for a training out dir (has `latest` or a tag with a manifest) or a tag dir."""
-    path = Path(path)
-    return (path / MANIFEST).is_file() or (path / LATEST).is_file() or bool(complete_tags(path))
-
-
 def resolve_checkpoint(path: str | Path, tag: str | None = None) -> CheckpointRef:
-    """Find and check a checkpoint: `path` is a run's out dir (with `tag`, else `latest`) or a
-    tag directory itself. Raises CheckpointError naming what is wrong; reads no weights."""
-    path = Path(path)
-    if not path.is_dir():
-        what = "is not a directory" if path.exists() else "does not exist"
-        raise CheckpointError(f"checkpoint directory {path} {what}")
-    if (path / MANIFEST).is_file() and not (path / LATEST).is_file():  # a tag directory
-        if tag is not None and tag != path.name:
-            raise CheckpointError(f"{path} is the checkpoint of tag {path.name!r}, not {tag!r}")
-        path, tag = path.parent, path.name
-    have = complete_tags(path)
-    listing = f"complete tags: {', '.join(have)}" if have else "no complete tags"
-    if tag is None:
-        try:
-            tag = (path / LATEST).read_text().strip()
-        except OSError:
-            tag = ""
-        if not tag:
-            raise CheckpointError(
-                f"{path}: no '{LATEST}' file naming a checkpoint; pass --tag ({listing})"
-            )
-    tag_dir = path / tag
-    if not tag_dir.is_dir():
-        raise CheckpointError(f"{path}: no checkpoint with tag {tag!r} ({listing})")
-    manifest = read_manifest(tag_dir)
-    if manifest is None:
+    """The checkpoint to export: `path` is a run's out dir (with `tag`, else the one `latest`
+    names) or a tag directory itself. Checked (complete, every file at its recorded size, not
+    a universal checkpoint) before any heavy work; reads no weights."""
+    ref = resolve(path, tag, flag="--tag")
+    if ref.manifest.universal:
         raise CheckpointError(
-            f"{tag_dir}: incomplete checkpoint (no {MANIFEST}: its save did not finish); "
-            f"use another tag ({listing})"
+            f"{ref.tag_dir} is a universal checkpoint (made to resume on another world size); "
+            f"export the tag it was made from, {ref.manifest.source_tag!r}"
         )
-    if manifest.get("universal"):
-        raise CheckpointError(
-            f"{tag_dir} is a universal checkpoint (made to resume on another world size); "
-            f"export the tag it was made from, {manifest.get('source_tag')!r}"
-        )
-    problems = []
-    for name, size in manifest.get("files", {}).items():
-        f = tag_dir / name
-        if not f.is_file():
-            problems.append(f"{name} missing")
-        elif f.stat().st_size != size:
-            problems.append(f"{name} has {f.stat().st_size} bytes, manifest says {size}")
-    if problems or "model" not in manifest:
-        detail = "; ".join(problems) or f"{MANIFEST} has no model shape"
-        raise CheckpointError(f"{tag_dir}: incomplete checkpoint ({detail}); ({listing})")
-    return CheckpointRef(out_dir=path, tag=tag, manifest=manifest)
+    return ref
 
 
 # --------------------------------------------------------------------------- consolidation
@@ -162,7 +90,8 @@ def consolidate(ref: CheckpointRef, dtype: torch.dtype = torch.float32, progress
     from tqdm import tqdm
     from transformers import GPT2LMHeadModel
 
-    config = gpt2_config(ref.shape, ref.dropout)
+    shape = ref.manifest.shape
+    config = gpt2_config(shape, float(ref.manifest.config.get("dropout") or 0.0))
     with torch.device("meta"):  # parameters without storage: the checkpoint's tensors fill them
         model = GPT2LMHeadModel(config)
     expected = set(model.state_dict())
@@ -179,7 +108,7 @@ def consolidate(ref: CheckpointRef, dtype: torch.dtype = torch.float32, progress
     if set(lazy) != expected:
         missing, extra = sorted(expected - set(lazy)), sorted(set(lazy) - expected)
         raise CheckpointError(
-            f"{ref.tag_dir}: weights do not match GPT-2 of shape {ref.shape} "
+            f"{ref.tag_dir}: weights do not match GPT-2 of shape {shape} "
             f"(missing {missing[:5]}, unexpected {extra[:5]})"
         )
     state: dict[str, torch.Tensor] = {}
@@ -434,8 +363,8 @@ def export_checkpoint(
     m = ref.manifest
     log = log or (lambda _msg: None)
     log(
-        f"exporting {ref.tag_dir} (iteration {m.get('iteration')}, ZeRO-{m.get('zero_stage')}, "
-        f"world size {m.get('world_size')}, trained in {m.get('precision')}) "
+        f"exporting {ref.tag_dir} (iteration {m.iteration}, ZeRO-{m.zero_stage}, "
+        f"world size {m.world_size}, trained in {m.precision}) "
         f"-> {output} [{fmt}, {dtype}]"
     )
     with AnonPeak() as anon, staged_output(output) as tmp:
@@ -449,11 +378,11 @@ def export_checkpoint(
         record = {
             "source": str(ref.tag_dir.resolve()),
             "tag": ref.tag,
-            "iteration": m.get("iteration"),
-            "zero_stage": m.get("zero_stage"),
-            "world_size": m.get("world_size"),
-            "trained_precision": m.get("precision"),
-            "val_loss": m.get("val_loss"),
+            "iteration": m.iteration,
+            "zero_stage": m.zero_stage,
+            "world_size": m.world_size,
+            "trained_precision": m.precision,
+            "val_loss": m.val_loss,
             "format": fmt,
             "dtype": dtype,
         }
@@ -473,7 +402,7 @@ def export_summary(result: ExportResult) -> str:
     total = sum(result.files.values())
     lines = [f"wrote {result.output} ({len(result.files)} files, {total / 1e6:.1f} MB):"]
     lines += [f"  {name}  {size:,} bytes" for name, size in result.files.items()]
-    n = result.ref.shape.num_params()
+    n = result.ref.manifest.shape.num_params()
     anon = (
         f" (anonymous memory {result.peak_anon_gib:.2f} GiB; RSS also counts the checkpoint "
         "files DeepSpeed memory-maps, page cache the kernel can reclaim)"

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt_ds.errors import ConfigError
+
 GPT2_VOCAB_SIZE = 50257
 
 
@@ -158,3 +160,39 @@ def lm_loss(model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") ->
     return torch.nn.functional.cross_entropy(
         logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction=reduction
     )
+
+
+def pretrained_shape(init_from: str, block_size: int | None = None) -> ModelShape:
+    """The shape of Hugging Face GPT-2 weights (`--init_from`), read from their config only.
+
+    Raises ConfigError for a path that is no GPT-2, or a block_size beyond its positions.
+    """
+    from transformers import GPT2Config
+
+    try:
+        c = GPT2Config.from_pretrained(init_from)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"--init_from {init_from}: not a Hugging Face GPT-2 directory, and not a hub "
+            f"name this machine can fetch ({str(exc).splitlines()[0]})"
+        ) from exc
+    if c.model_type != "gpt2":
+        raise ConfigError(f"--init_from {init_from}: model_type {c.model_type!r}, not gpt2")
+    if block_size and block_size > c.n_positions:
+        raise ConfigError(
+            f"--block_size {block_size} exceeds the pretrained model's {c.n_positions} "
+            "positions (n_positions)"
+        )
+    return ModelShape(c.n_layer, c.n_head, c.n_embd, block_size or c.n_positions, c.vocab_size)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only; biases and LayerNorm gains are not decayed."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from gpt_ds.checkpoint import is_checkpoint_dir
 from gpt_ds.errors import CheckpointError
 from gpt_ds.tokenizer import EOT_TOKEN, get_encoding
 
@@ -24,7 +25,7 @@ class LoadedModel:
 
 def load_model(path: str | Path, tag: str | None = None, device: str = "cpu") -> LoadedModel:
     """A GPT-2 from a training checkpoint (detected by `gpt_ds.json`/`latest`) or an HF dir."""
-    from gpt_ds.export import consolidate, is_checkpoint_dir, resolve_checkpoint
+    from gpt_ds.export import consolidate, resolve_checkpoint
 
     path = Path(path)
     if not path.is_dir():
@@ -33,7 +34,7 @@ def load_model(path: str | Path, tag: str | None = None, device: str = "cpu") ->
     if is_checkpoint_dir(path):
         ref = resolve_checkpoint(path, tag)
         model = consolidate(ref, progress=False)
-        source = f"checkpoint {ref.tag_dir} (iteration {ref.manifest.get('iteration')})"
+        source = f"checkpoint {ref.tag_dir} (iteration {ref.manifest.iteration})"
     elif (path / "config.json").is_file():
         if tag is not None:
             raise CheckpointError(f"--tag applies to training checkpoints; {path} is an export")

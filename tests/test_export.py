@@ -248,7 +248,8 @@ def test_bad_inputs_fail_before_any_work_and_write_nothing(
         (dict(checkpoint=tmp_path / "nope"), "does not exist"),
         (
             dict(tag="iter_3"),
-            "no checkpoint with tag 'iter_3' (complete tags: iter_10, iter_20, broken, final)",
+            f"--tag iter_3: no complete checkpoint with that tag in {run} "
+            "(complete tags: iter_10, iter_20, broken, final)",
         ),
         (dict(tag="iter_9"), "incomplete checkpoint (no gpt_ds.json"),
         (dict(tag="broken"), "zero_pp_rank_1_mp_rank_00_optim_states.pt missing"),

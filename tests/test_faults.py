@@ -663,8 +663,12 @@ def test_universal_checkpoint_tool(refs, tmp_path):
     assert latest(out) == "iter_4"  # converting does not move `latest`
 
     for args, message in [
-        (["--tag", "iter_6"], f"error: {out}/iter_6: not a complete checkpoint (no gpt_ds.json)"),
-        (["--tag", "iter_9"], f"error: {out}/iter_9: not a complete checkpoint (no gpt_ds.json)"),
+        (["--tag", "iter_6"], f"error: {out}/iter_6: incomplete checkpoint (no gpt_ds.json"),
+        (
+            ["--tag", "iter_9"],
+            f"error: --tag iter_9: no complete checkpoint with that tag in {out} "
+            "(complete tags: iter_4)",
+        ),
     ]:
         proc = tool(*args)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -11,62 +11,62 @@ separator line; progress and notes go to stderr.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 
-from gpt_ds.errors import GptDsError
+from gpt_ds.cli import option, parse, run_tool
+from gpt_ds.errors import ConfigError
 
 SEPARATOR = "-" * 40
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument(
-        "--model", required=True, help="exported HF directory, training out dir or tag dir"
-    )
-    p.add_argument("--tag", default=None, help="checkpoint tag (default: the one `latest` names)")
-    p.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
-    p.add_argument("--max_new_tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy decoding")
-    p.add_argument("--top_k", type=int, default=200, help="sample from the k likeliest (0: all)")
-    p.add_argument("--num_samples", type=int, default=1)
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if any)")
-    args = p.parse_args(argv)
-    problems = [
-        f"--{name} must be > 0, got {getattr(args, name)}"
-        for name in ("max_new_tokens", "num_samples")
-        if getattr(args, name) < 1
-    ]
-    if args.temperature < 0 or args.top_k < 0:
-        problems.append("--temperature and --top_k must be >= 0")
-    if problems:
-        p.error("; ".join(problems))
-    return args
+@dataclass
+class SampleOptions:
+    model: str = option(help="exported HF directory, training out dir or tag dir")
+    tag: str | None = option(None, "checkpoint tag (default: the one `latest` names)")
+    prompt: str = option("", "text to continue (default: start of a document)")
+    max_new_tokens: int = option(100, "tokens to generate (cut to the model's context)")
+    temperature: float = option(0.8, "0 = greedy decoding")
+    top_k: int = option(200, "sample from the k likeliest (0: all)")
+    num_samples: int = option(1, "how many continuations")
+    seed: int = option(1337, "sampling seed")
+    device: str | None = option(None, "cpu, cuda, cuda:1 (default: cuda if any)")
+
+    def check(self) -> None:
+        problems = [
+            f"--{name} must be > 0, got {getattr(self, name)}"
+            for name in ("max_new_tokens", "num_samples")
+            if getattr(self, name) < 1
+        ]
+        if self.temperature < 0 or self.top_k < 0:
+            problems.append("--temperature and --top_k must be >= 0")
+        if problems:
+            raise ConfigError(problems, source="tools/sample.py")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    opts = parse(SampleOptions, argv, description=__doc__)
+    return run_tool(lambda: sample(opts))
+
+
+def sample(opts: SampleOptions) -> int:
+    opts.check()
     import torch
 
     from gpt_ds.sampling import generate, load_model
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        loaded = load_model(args.model, args.tag, device)
-        print(f"loaded {loaded.source}", file=sys.stderr)
-        samples = generate(
-            loaded.model,
-            args.prompt,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            num_samples=args.num_samples,
-            seed=args.seed,
-        )
-    except GptDsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    loaded = load_model(opts.model, opts.tag, device)
+    print(f"loaded {loaded.source}", file=sys.stderr)
+    samples = generate(
+        loaded.model,
+        opts.prompt,
+        max_new_tokens=opts.max_new_tokens,
+        temperature=opts.temperature,
+        top_k=opts.top_k,
+        num_samples=opts.num_samples,
+        seed=opts.seed,
+    )
     for text in samples:
         print(text)
         print(SEPARATOR, flush=True)

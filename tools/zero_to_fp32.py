@@ -13,52 +13,48 @@ state dict next to config.json. Weights are gathered by DeepSpeed's own zero_to_
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from gpt_ds.errors import GptDsError
+from gpt_ds.cli import option, parse, run_tool
 from gpt_ds.export import DTYPES, FORMATS, export_checkpoint, export_summary
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("checkpoint", type=Path, help="training --out_dir (or one tag directory in it)")
-    p.add_argument("--tag", default=None, help="checkpoint tag (default: the one `latest` names)")
-    p.add_argument("--output", type=Path, required=True, help="directory to create")
-    p.add_argument("--format", choices=FORMATS, default="hf", help="default: hf")
-    p.add_argument("--dtype", choices=list(DTYPES), default="fp32", help="default: fp32")
-    p.add_argument(
-        "--max_shard_size",
-        default="2GB",
-        help="split weights into files of at most this size, with an index json (default 2GB)",
+@dataclass
+class ExportOptions:
+    checkpoint: Path = option(
+        help="training --out_dir (or one tag directory in it)", positional=True
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    output: Path = option(help="directory to create")
+    tag: str | None = option(None, "checkpoint tag (default: the one `latest` names)")
+    format: str = option("hf", "what to write", choices=FORMATS)
+    dtype: str = option("fp32", "weights' dtype", choices=tuple(DTYPES))
+    max_shard_size: str = option(
+        "2GB", "split weights into files of at most this size, with an index json"
+    )
+    overwrite: bool = option(False, "replace an existing --output")
+    quiet: bool = option(False, "no progress bar")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
+    opts = parse(ExportOptions, argv, description=__doc__)
+
+    def export() -> int:
         result = export_checkpoint(
-            args.checkpoint,
-            args.output,
-            tag=args.tag,
-            fmt=args.format,
-            dtype=args.dtype,
-            max_shard_size=args.max_shard_size,
-            overwrite=args.overwrite,
-            progress=not args.quiet,
+            opts.checkpoint,
+            opts.output,
+            tag=opts.tag,
+            fmt=opts.format,
+            dtype=opts.dtype,
+            max_shard_size=opts.max_shard_size,
+            overwrite=opts.overwrite,
+            progress=not opts.quiet,
         )
-    except GptDsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: nothing was written", file=sys.stderr)
-        return 130
-    print(export_summary(result))
-    return 0
+        print(export_summary(result))
+        return 0
+
+    return run_tool(export, interrupted="interrupted: nothing was written")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,295 @@
+"""Tagged DeepSpeed checkpoints that are never half-visible, with retention and exact resume.
+
+Protocol (every rank calls `save`; ZeRO needs all of them):
+1. every rank writes `OUT/<tag>.partial/` through `engine.save_checkpoint(save_latest=False)`,
+   plus its own `gpt_ds_rank{R}.pt` (RNG states and data-sampler position: DeepSpeed saves no
+   RNG state, and under ZeRO-1/2 only rank 0's client_state is kept);
+2. barrier; rank 0 checks that every rank's files exist and are non-empty, writes the manifest
+   `gpt_ds.json` (manifest.py: the run config, model shape, iteration, losses, file sizes),
+   renames the directory to `OUT/<tag>` and only then rewrites `OUT/latest` (atomically);
+3. barrier; rank 0 prunes old `iter_*` tags beyond `--keep_last` (never `final`, never the best).
+A tag is "complete" iff its manifest exists: a kill at any moment leaves the previous
+checkpoint loadable and `latest` naming it. The checkpoint directory must be on a filesystem
+every node sees: rank 0 checks every rank's files before publishing, and DeepSpeed's own
+loading reads other ranks' files too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpt_ds import dist
+from gpt_ds.checkpoint.manifest import Manifest
+from gpt_ds.checkpoint.tags import (
+    ITER_TAG,
+    PARTIAL,
+    CheckpointRef,
+    complete_tags,
+    latest_tag,
+    write_latest,
+)
+from gpt_ds.errors import CheckpointError
+
+
+def rank_state_name(rank: int) -> str:
+    return f"gpt_ds_rank{rank}.pt"
+
+
+def expected_files(zero_stage: int, world_size: int) -> list[str]:
+    """The files DeepSpeed 0.19 writes for a data-parallel run (no tensor/pipeline parallel)."""
+    names = [rank_state_name(r) for r in range(world_size)]
+    if zero_stage == 3:
+        names += [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(world_size)]
+    else:
+        names.append("mp_rank_00_model_states.pt")
+    return names
+
+
+def expected_optim_pattern(rank: int) -> str:
+    # "zero_pp_rank_R_..." or "bf16_zero_pp_rank_R_..." depending on precision
+    return f"*zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def publish(staging: Path, final: Path) -> None:
+    """Swap a finished staging directory into place (replacing a same-named old tag)."""
+    old = final.with_name(final.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(staging, final)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _io_failure(out_dir: Path, exc: Exception, checkpoint_bytes: int | None) -> str:
+    """`exc` of a failed write, with the free space where it happened (torch's writer reports
+    a full disk as "unexpected pos ...", without errno)."""
+    reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc).strip()
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        reason = f"{exc.strerror}: {exc.filename}"
+    reason = reason.splitlines()[0] if reason else type(exc).__name__
+    try:
+        free = shutil.disk_usage(out_dir).free
+    except OSError:
+        return reason
+    full = (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or (
+        checkpoint_bytes is not None and free < checkpoint_bytes
+    )
+    need = f", a checkpoint needs {checkpoint_bytes / 2**20:.1f} MiB" if checkpoint_bytes else ""
+    space = f"{free / 2**20:.1f} MiB free on that filesystem{need}"
+    return f"no space left on the device ({space}; {reason})" if full else f"{reason} ({space})"
+
+
+def capture_rng() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def reseed(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def check_model(ref: CheckpointRef, model_shape: dict) -> None:
+    """A CheckpointError if `ref` holds another model's shape. Cheap (the manifest only): the
+    entry point calls it before any rank builds a model."""
+    saved = ref.manifest.model
+    mismatched = {k: (saved.get(k), v) for k, v in model_shape.items() if saved.get(k) != v}
+    if mismatched:
+        detail = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
+        raise CheckpointError(
+            f"{ref.tag_dir}: checkpoint is of a different model ({detail}); "
+            "resume with the same --model/--n_layer/--n_head/--n_embd/--block_size"
+        )
+
+
+@dataclass(kw_only=True)
+class Resumed:
+    """What a resumed run needs besides the engine's own state."""
+
+    tag: str
+    iteration: int
+    best_val_loss: float | None
+    best_tag: str | None
+    sampler_state: dict
+    manifest: Manifest
+
+
+class Checkpointer:
+    """Saves and loads tagged checkpoints of one run directory (see the module docstring)."""
+
+    def __init__(self, out_dir: str | Path, keep_last: int = 0):
+        self.out_dir = Path(out_dir)
+        self.keep_last = keep_last
+
+    # ----------------------------------------------------------------- save
+    def save(self, engine, sampler, manifest: Manifest) -> Path:
+        """Write `manifest.tag` on every rank; returns its directory once it is complete.
+
+        `manifest` says what to record; its `files` are filled in here, once verified.
+        """
+        rank, tag = dist.rank(), manifest.tag
+        staging = self.out_dir / (tag + PARTIAL)
+        try:
+            if rank == 0 and staging.exists():
+                shutil.rmtree(staging)  # leftover of a save that was killed
+            dist.barrier()
+            self._write_rank_files(engine, sampler, manifest, staging)
+            dist.barrier()
+            if rank == 0:
+                self._publish(engine, manifest, staging)
+            dist.barrier()
+        except (OSError, RuntimeError) as exc:  # disk full, permissions, I/O, a rank died
+            raise self._save_failed(tag, staging, rank, exc) from exc
+        return self.out_dir / tag
+
+    def _write_rank_files(self, engine, sampler, manifest: Manifest, staging: Path) -> None:
+        # made here, not by DeepSpeed: its makedirs logs a failure and carries on, and the
+        # error a user then sees is torch's "Parent directory ... does not exist"
+        staging.mkdir(parents=True, exist_ok=True)
+        client_state = {
+            "gpt_ds": {
+                "iteration": manifest.iteration,
+                "tag": manifest.tag,
+                "val_loss": manifest.val_loss,
+                "best_val_loss": manifest.best_val_loss,
+                "best_tag": manifest.best_tag,
+                "precision": manifest.precision,
+            }
+        }
+        engine.save_checkpoint(
+            str(self.out_dir), tag=staging.name, client_state=client_state, save_latest=False
+        )
+        rank_file = staging / rank_state_name(dist.rank())
+        tmp = rank_file.with_suffix(".tmp")
+        torch.save({"rng": capture_rng(), "sampler": sampler.state_dict()}, tmp)
+        os.replace(tmp, rank_file)
+
+    def _publish(self, engine, manifest: Manifest, staging: Path) -> None:
+        """Rank 0: verify every rank's files, write the manifest, swap in, move `latest`."""
+        files = self._verify(staging, engine.zero_optimization_stage(), manifest.world_size)
+        dataclasses.replace(manifest, files=files).write(staging)
+        publish(staging, self.out_dir / manifest.tag)
+        write_latest(self.out_dir, manifest.tag)
+        self._prune(protect={manifest.tag, manifest.best_tag or ""})
+
+    def _save_failed(self, tag: str, staging: Path, rank: int, exc: Exception) -> CheckpointError:
+        """Remove this rank's staging files and say what happened, in words a user can act on."""
+        shutil.rmtree(staging, ignore_errors=True)
+        # NCCL raises DistBackendError when a peer dies; gloo a RuntimeError from its transport
+        if isinstance(exc, torch.distributed.DistBackendError) or "gloo/transport" in str(exc):
+            cause = "another rank failed during the save (its error is above)"
+        else:
+            cause = _io_failure(self.out_dir, exc, self._last_checkpoint_bytes())
+        previous = latest_tag(self.out_dir)
+        return CheckpointError(
+            f"saving checkpoint {tag!r} to {self.out_dir} failed on rank {rank}: {cause}. "
+            f"`latest` still names the previous checkpoint ({previous or 'none'}), which is "
+            "intact. Free space or fix permissions, then --resume."
+        )
+
+    def _last_checkpoint_bytes(self) -> int | None:
+        tags = complete_tags(self.out_dir)
+        manifest = Manifest.read(self.out_dir / tags[-1]) if tags else None
+        return sum(manifest.files.values()) if manifest else None
+
+    def _verify(self, staging: Path, zero_stage: int, world: int) -> dict[str, int]:
+        names = expected_files(zero_stage, world)
+        if zero_stage > 0:
+            for r in range(world):
+                hits = sorted(staging.glob(expected_optim_pattern(r)))
+                names += [h.name for h in hits] or [expected_optim_pattern(r)]
+        sizes, bad = {}, []
+        for name in names:
+            p = staging / name
+            size = p.stat().st_size if p.exists() else 0
+            if size == 0:
+                bad.append(name)
+            sizes[name] = size
+        if bad:
+            raise CheckpointError(
+                f"checkpoint {staging} is incomplete after saving (missing or empty: "
+                f"{', '.join(bad)}); the previous checkpoint is untouched"
+            )
+        return sizes
+
+    def _prune(self, protect: set[str]) -> None:
+        if self.keep_last <= 0:
+            return
+        iters = [t for t in complete_tags(self.out_dir) if ITER_TAG.match(t)]
+        for tag in iters[: max(0, len(iters) - self.keep_last)]:
+            if tag not in protect:
+                shutil.rmtree(self.out_dir / tag, ignore_errors=True)
+                dist.print0(f"checkpoint: removed {tag} (--keep_last {self.keep_last})")
+
+    # ----------------------------------------------------------------- load
+    def load(self, engine, ref: CheckpointRef) -> Resumed:
+        """Restore engine (weights, optimizer, LR schedule, loss scaler), RNG and sampler state."""
+        manifest, world = ref.manifest, dist.world_size()
+        if not manifest.universal and manifest.world_size != world:
+            raise CheckpointError(
+                f"{ref.tag_dir}: saved by {manifest.world_size} ranks, this run has {world}; "
+                "convert it first: python tools/universal_checkpoint.py "
+                f"{self.out_dir} --tag {ref.tag} (then --resume {ref.tag}_universal)"
+            )
+        if not manifest.universal and manifest.zero_stage != engine.zero_optimization_stage():
+            raise CheckpointError(
+                f"{ref.tag_dir}: saved with ZeRO stage {manifest.zero_stage}, this run uses "
+                f"{engine.zero_optimization_stage()}; use the same --deepspeed_config preset"
+            )
+        path, _client = engine.load_checkpoint(
+            str(self.out_dir),
+            tag=ref.tag,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+        if path is None:
+            raise CheckpointError(f"{ref.tag_dir}: DeepSpeed could not load this checkpoint")
+        return Resumed(
+            tag=ref.tag,
+            iteration=manifest.iteration,
+            best_val_loss=manifest.best_val_loss,
+            best_tag=manifest.best_tag,
+            sampler_state=self._load_rank_state(ref),
+            manifest=manifest,
+        )
+
+    def _load_rank_state(self, ref: CheckpointRef) -> dict:
+        """Restore this rank's RNG streams; returns its sampler state."""
+        rank_file = ref.tag_dir / rank_state_name(dist.rank())
+        if rank_file.exists():
+            state = torch.load(rank_file, weights_only=False)
+            restore_rng(state["rng"])
+            return state["sampler"]
+        # a universal checkpoint on another world size: the ranks' streams start afresh
+        state = torch.load(ref.tag_dir / rank_state_name(0), weights_only=False)
+        state["sampler"]["rank"] = dist.rank()
+        seed = int(ref.manifest.config["seed"]) + 1000 * dist.rank() + ref.manifest.iteration
+        reseed(seed)
+        return state["sampler"]

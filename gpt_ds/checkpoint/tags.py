@@ -1,0 +1,181 @@
+"""Which tags of a run directory are checkpoints, and which one a request means.
+
+One answer for training (`--resume`), export, sampling and the universal tool: a tag is
+complete iff it has a manifest and is not a `*.partial` staging directory; a requested tag is
+checked against the manifest's file list (present, at its recorded size) before anything loads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpt_ds.checkpoint.manifest import MANIFEST, Manifest, atomic_write_text
+from gpt_ds.errors import CheckpointError
+
+LATEST = "latest"
+PARTIAL = ".partial"
+ITER_TAG = re.compile(r"^iter_(\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """One complete, checked checkpoint tag of a training run."""
+
+    out_dir: Path
+    tag: str
+    manifest: Manifest
+
+    @property
+    def tag_dir(self) -> Path:
+        return self.out_dir / self.tag
+
+
+def complete_tags(out_dir: Path) -> list[str]:
+    """Tags of `out_dir` with a manifest (staging `*.partial` directories skipped), oldest
+    first by iteration."""
+    out_dir = Path(out_dir)
+    found = [
+        (m.iteration, d.name)
+        for d in (out_dir.iterdir() if out_dir.is_dir() else [])
+        if d.is_dir() and not d.name.endswith(PARTIAL) and (m := Manifest.read(d))
+    ]
+    return [name for _, name in sorted(found)]
+
+
+def partial_dirs(out_dir: Path) -> list[Path]:
+    """Leftovers of interrupted saves: any `TAG.partial/` (possibly still empty), and tag
+    directories holding DeepSpeed files but no manifest."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    return sorted(
+        d
+        for d in out_dir.iterdir()
+        if d.is_dir()
+        and (
+            d.name.endswith(PARTIAL) or (not (d / MANIFEST).exists() and any(d.glob("*_states.pt")))
+        )
+    )
+
+
+def latest_tag(out_dir: Path) -> str | None:
+    """The tag the `latest` file names (None when there is no such file)."""
+    try:
+        return (Path(out_dir) / LATEST).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def write_latest(out_dir: Path, tag: str) -> None:
+    atomic_write_text(Path(out_dir) / LATEST, tag)
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """True for a training out dir (has `latest` or a complete tag) or a tag directory."""
+    path = Path(path)
+    return (path / MANIFEST).is_file() or (path / LATEST).is_file() or bool(complete_tags(path))
+
+
+def file_problems(tag_dir: Path, manifest: Manifest) -> list[str]:
+    """Files the manifest lists that are missing or not at their recorded size."""
+    if manifest.universal:  # DeepSpeed's per-parameter layout, not the listed files
+        return []
+    problems = []
+    for name, size in manifest.files.items():
+        f = tag_dir / name
+        if not f.is_file():
+            problems.append(f"{name} missing")
+        elif f.stat().st_size != size:
+            problems.append(f"{name} has {f.stat().st_size} bytes, manifest says {size}")
+    return problems
+
+
+def _listing(out_dir: Path) -> str:
+    have = complete_tags(out_dir)
+    return f"complete tags: {', '.join(have)}" if have else "no complete tags"
+
+
+def _check_tag(out_dir: Path, tag: str, flag: str) -> CheckpointRef:
+    """`tag` as a CheckpointRef, or a CheckpointError saying why it is not loadable."""
+    tag_dir = out_dir / tag
+    if not tag_dir.is_dir() or tag.endswith(PARTIAL):
+        raise CheckpointError(
+            f"{flag} {tag}: no complete checkpoint with that tag in {out_dir} ({_listing(out_dir)})"
+        )
+    manifest = Manifest.read(tag_dir)
+    if manifest is None:
+        raise CheckpointError(
+            f"{tag_dir}: incomplete checkpoint (no {MANIFEST}: its save did not finish); "
+            f"use another tag ({_listing(out_dir)})"
+        )
+    problems = file_problems(tag_dir, manifest)
+    if problems:
+        raise CheckpointError(
+            f"{tag_dir}: incomplete checkpoint ({'; '.join(problems)}); ({_listing(out_dir)})"
+        )
+    return CheckpointRef(out_dir=out_dir, tag=tag, manifest=manifest)
+
+
+def _split_tag_dir(path: Path, tag: str | None) -> tuple[Path, str | None]:
+    """(out dir, tag) for a path that may be a tag directory itself."""
+    if (path / MANIFEST).is_file() and not (path / LATEST).is_file():
+        if tag is not None and tag != path.name:
+            raise CheckpointError(f"{path} is the checkpoint of tag {path.name!r}, not {tag!r}")
+        return path.parent, path.name
+    return path, tag
+
+
+def resolve(
+    path: str | Path,
+    tag: str | None = None,
+    *,
+    flag: str = "--tag",
+    fall_back: bool = False,
+    note: Callable[[str], None] = print,
+) -> CheckpointRef:
+    """The checkpoint a user asked for: `tag` in the run directory `path` (or `path` is a tag
+    directory), or with no tag the one `latest` names. Reads no weights.
+
+    With `fall_back`, a `latest` that is missing or names a tag that is not loadable gives the
+    newest loadable tag instead, said through `note`; a named tag never falls back. `flag` is
+    the option the user names a tag with, for the messages.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise CheckpointError(f"checkpoint directory {path} {what}")
+    out_dir, tag = _split_tag_dir(path, tag)
+    if tag is not None:
+        return _check_tag(out_dir, tag, flag)
+    named = latest_tag(out_dir)
+    if not fall_back:
+        if named is None:
+            raise CheckpointError(
+                f"{out_dir}: no `{LATEST}` file names a checkpoint; give {flag} "
+                f"({_listing(out_dir)})"
+            )
+        return _check_tag(out_dir, named, flag)
+    return _newest_loadable(out_dir, named, flag, note)
+
+
+def _newest_loadable(
+    out_dir: Path, named: str | None, flag: str, note: Callable[[str], None]
+) -> CheckpointRef:
+    if named is not None:
+        try:
+            return _check_tag(out_dir, named, flag)
+        except CheckpointError as exc:
+            reason = str(exc)
+    else:
+        reason = f"there is no `{LATEST}` file"
+    for tag in reversed(complete_tags(out_dir)):
+        try:
+            ref = _check_tag(out_dir, tag, flag)
+        except CheckpointError:
+            continue
+        note(f"checkpoint: {reason}; using the newest complete tag {tag!r}")
+        return ref
+    raise CheckpointError(f"{flag}: no complete checkpoint in {out_dir} (looked for */{MANIFEST})")

@@ -1,0 +1,100 @@
+"""What a run prints at start-up so the user sees what the config implies: who each rank is,
+the model and batch arithmetic, the predicted memory per rank, the communication per step,
+and (after the first step) the measured model states next to the prediction."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from gpt_ds import dist
+from gpt_ds.ds_config import ResolvedDsConfig
+from gpt_ds.memory import (
+    MemoryEstimate,
+    comm_bytes_per_step,
+    estimate_run,
+    measured_model_state_bytes,
+)
+from gpt_ds.model import ModelShape
+
+
+def rank_banner() -> None:
+    """One line per rank: where it runs (every rank prints: a missing line is a missing rank)."""
+    node = os.environ.get("CROSS_RANK", os.environ.get("GROUP_RANK", "0"))
+    print(
+        f"rank {dist.rank()}/{dist.world_size()} on host {socket.gethostname()} node {node} "
+        f"local_rank {dist.local_rank()} device {dist.device()}",
+        flush=True,
+    )
+
+
+def run_summary(model_name: str, shape: ModelShape, resolved: ResolvedDsConfig, data) -> None:
+    """The model, what the DeepSpeed config resolved to, and the tokens per iteration."""
+    dist.print0(
+        f"model {model_name}: {shape.n_layer} layers, {shape.n_head} heads, {shape.n_embd} "
+        f"wide, block {shape.block_size}, {shape.num_params() / 1e6:.2f}M parameters"
+    )
+    for note in resolved.notes:
+        dist.print0(note)
+    tokens = resolved.train_batch_size * shape.block_size
+    dist.print0(
+        f"tokens per iteration: {tokens:,}; data: {len(data.train):,} train / "
+        f"{len(data.val):,} val tokens"
+    )
+
+
+def memory_estimate(
+    shape: ModelShape, resolved: ResolvedDsConfig, activation_checkpointing: bool
+) -> MemoryEstimate:
+    """Predicted per-rank memory for this run (the model behind tools/pick_preset.py)."""
+    zero = resolved.config.get("zero_optimization", {})
+    world = dist.world_size()
+    est = estimate_run(
+        shape,
+        zero_stage=resolved.zero_stage,
+        offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none") != "none",
+        offload_param=zero.get("offload_param", {}).get("device", "none") != "none",
+        world_size=world,
+        gpus_per_node=int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", world))),
+        micro_batch_size=resolved.micro_batch_size,
+        precision=resolved.precision,
+        activation_checkpointing=activation_checkpointing,
+        zero_config=zero,
+    )
+    dist.print0("memory estimate per rank:\n" + est.format())
+    return est
+
+
+def communication_plan(shape: ModelShape, resolved: ResolvedDsConfig) -> float | None:
+    """Print the bytes each rank sends per optimizer step and the time that implies on the
+    measured all-reduce rate; returns the expected seconds per step (None on one rank)."""
+    world, stage = dist.world_size(), resolved.zero_stage
+    nbytes = comm_bytes_per_step(shape, stage, resolved.precision, world, resolved.grad_accum)
+    rate = dist.allreduce_send_rate()
+    if rate is None:
+        return None
+    seconds = nbytes / rate
+    dist.print0(
+        f"communication: {nbytes / 1e6:,.1f} MB sent per rank per optimizer step "
+        f"(ZeRO-{stage}, {resolved.precision}, grad_accum {resolved.grad_accum}); measured "
+        f"all-reduce rate {rate * 8 / 1e9:.2f} Gbit/s -> ~{seconds * 1000:.0f} ms per step. "
+        "On slow networks raise --grad_accum."
+    )
+    return seconds
+
+
+def model_states(engine, estimate: MemoryEstimate) -> None:
+    """Measured model-state bytes of each rank next to the prediction, after the first step
+    (when Adam's moments exist and the step's gradient buffers are released)."""
+    measured = measured_model_state_bytes(engine)
+    held = measured["params"] + measured["optimizer_states"]
+    one_hot = [0.0] * dist.world_size()
+    one_hot[dist.rank()] = held
+    per_rank = dist.all_reduce_sum(one_hot)
+    predicted = estimate.resident_model_state_bytes
+    dist.print0(
+        f"model states per rank between steps (weights + optimizer): predicted "
+        f"{predicted / 2**30:.3f} GiB, measured "
+        + ", ".join(f"rank {r} {b / 2**30:.3f} GiB" for r, b in enumerate(per_rank))
+        + f"; predicted peak during the step {estimate.model_state_bytes / 2**30:.3f} GiB"
+    )

@@ -1,0 +1,283 @@
+"""The training loop: a `Trainer` that owns the engine and the run's state.
+
+`run()` reads top to bottom: `setup` (model, engine, start-up report, resume) -> `train_step`
+per iteration -> `after_step` (the eval / save / stop rules, in one place) -> `finish` (the
+final evaluation and the `final` checkpoint). Everything the run learns as it goes (iteration,
+best validation loss and its tag) lives on the object, and goes into every checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from gpt_ds import dist, report
+from gpt_ds.checkpoint import (
+    Checkpointer,
+    CheckpointRef,
+    Manifest,
+    convert_on_rank0,
+    latest_tag,
+    needs_universal,
+)
+from gpt_ds.config import RunConfig
+from gpt_ds.data import TokenData, TrainSampler
+from gpt_ds.ds_config import ResolvedDsConfig
+from gpt_ds.errors import GptDsError
+from gpt_ds.evaluation import evaluate
+from gpt_ds.metrics import MetricsLogger
+from gpt_ds.model import (
+    ModelShape,
+    build_model,
+    count_params,
+    enable_activation_checkpointing,
+    flops_per_token,
+    lm_loss,
+    param_groups,
+    shape_of,
+)
+from gpt_ds.stop import StopRequest
+
+
+@dataclass(kw_only=True)
+class RunPlan:
+    """Everything decided and checked before any rank builds a model (see train.py)."""
+
+    cfg: RunConfig
+    shape: ModelShape
+    ds: ResolvedDsConfig
+    data: TokenData
+    resume: CheckpointRef | None  # the checked checkpoint to continue from, if any
+
+
+@dataclass
+class LogWindow:
+    """Training iterations since the last log line (losses, time spent in steps only)."""
+
+    loss_sum: float = 0.0
+    steps: int = 0
+    seconds: float = 0.0
+    since_eval: list[float] = field(default_factory=list)  # losses since the last evaluation
+
+    def add(self, loss: float, seconds: float) -> None:
+        self.loss_sum += loss
+        self.steps += 1
+        self.seconds += seconds
+        self.since_eval.append(loss)
+
+    def take_eval_mean(self) -> float | None:
+        """The mean training loss since the last evaluation, and start a new eval window."""
+        losses, self.since_eval = self.since_eval, []
+        return sum(losses) / len(losses) if losses else None
+
+
+class Trainer:
+    """Trains one run on the process group `dist.init()` joined."""
+
+    def __init__(self, plan: RunPlan):
+        self.plan, self.cfg, self.shape = plan, plan.cfg, plan.shape
+        self.checkpointer = Checkpointer(plan.cfg.out_dir, plan.cfg.keep_last)
+        self.stop = StopRequest()
+        self.iteration = 0
+        self.best_val: float | None = None
+        self.best_tag: str | None = None
+        self.last_val: float | None = None
+        self.window = LogWindow()
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> int:
+        self.setup()
+        if self.iteration >= self.cfg.max_iters:
+            dist.print0(
+                f"nothing to do: checkpoint is at iteration {self.iteration} >= --max_iters"
+            )
+            return 0
+        self.metrics.event(
+            {
+                "event": "start",
+                "iter": self.iteration,
+                "world_size": dist.world_size(),
+                "config": self.cfg.to_dict(),
+            }
+        )
+        self.engine.train()
+        first = self.iteration + 1
+        for it in range(first, self.cfg.max_iters + 1):
+            stop_requested = self.train_step(it)
+            if it == first:
+                report.model_states(self.engine, self.estimate)
+            if self.after_step(it, stop_requested):
+                return 0
+        return self.finish()
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        """Model -> engine -> start-up report -> data sampler -> resume."""
+        cfg, ds = self.cfg, self.plan.ds
+        report.rank_banner()
+        name = cfg.model if cfg.init_from == "scratch" else cfg.init_from
+        report.run_summary(name, self.shape, ds, self.plan.data)
+        resume = self.plan.resume
+        if resume is not None and needs_universal(resume.manifest, dist.world_size()):
+            resume = convert_on_rank0(resume)  # the DeepSpeed config already loads universal
+        self.engine = self._build_engine()
+        self.estimate = report.memory_estimate(self.shape, ds, cfg.activation_checkpointing)
+        self.comm_seconds = report.communication_plan(self.shape, ds)
+        torch.manual_seed(cfg.seed + 1000 * dist.rank())  # per-rank dropout streams
+        self.sampler = TrainSampler(
+            self.plan.data.train, self.shape.block_size, ds.micro_batch_size, cfg.seed, dist.rank()
+        )
+        if resume is not None:
+            self._resume(resume)
+        self.metrics = MetricsLogger(
+            cfg.out_dir, dist.is_main(), flops_per_token(self.shape), dist.world_size()
+        )
+
+    def _build_engine(self):
+        import deepspeed
+
+        cfg, ds = self.cfg, self.plan.ds
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        model = build_model(self.shape, cfg.dropout, cfg.init_from)
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        assert shape_of(model).num_params() == count_params(model)
+        weight_decay = ds.config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=param_groups(model, weight_decay), config=ds.config
+        )
+        return engine
+
+    def _resume(self, ref: CheckpointRef) -> None:
+        resumed = self.checkpointer.load(self.engine, ref)
+        self.iteration = resumed.iteration
+        self.best_val, self.best_tag = resumed.best_val_loss, resumed.best_tag
+        self.sampler.load_state_dict(resumed.sampler_state)
+        dist.print0(f"resumed from {self.cfg.out_dir}/{ref.tag} at iteration {self.iteration}")
+
+    # ------------------------------------------------------------------ one iteration
+    def train_step(self, it: int) -> bool:
+        """One optimizer step (grad_accum micro-batches); returns whether any rank was asked
+        to stop. Raises on a non-finite loss or gradient."""
+        t0 = time.perf_counter()
+        ga, dev = self.plan.ds.grad_accum, dist.device()
+        loss_sum, skipped_before = 0.0, self.engine.skipped_steps
+        for _ in range(ga):
+            x, y = self.sampler.next_batch()
+            loss = lm_loss(self.engine, x.to(dev), y.to(dev))
+            self.engine.backward(loss)
+            self.engine.step()
+            loss_sum += loss.item()
+        # one tiny all-reduce per iteration: the mean loss for the log, NaN detection and the
+        # stop flag, so every rank takes the same branch afterwards
+        total, stopping = dist.all_reduce_sum([loss_sum / ga, float(self.stop.requested)])
+        mean_loss = total / dist.world_size()
+        self._check_finite(it, mean_loss, self.engine.skipped_steps > skipped_before)
+        self.iteration = it
+        self.window.add(mean_loss, time.perf_counter() - t0)
+        if it % self.cfg.log_interval == 0 or it == self.cfg.max_iters:
+            self._log_train(it)
+        return stopping > 0
+
+    def _check_finite(self, it: int, mean_loss: float, step_skipped: bool) -> None:
+        # without fp16's loss scaler, a skipped step means inf/NaN gradients: DeepSpeed would
+        # go on skipping every step silently while the (huge but finite) loss is logged
+        skipped = self.plan.ds.precision != "fp16" and step_skipped
+        if math.isfinite(mean_loss) and not skipped:
+            return
+        good = latest_tag(self.cfg.out_dir)
+        where = (
+            f"the last good checkpoint is {self.cfg.out_dir}/{good}"
+            if good
+            else "no checkpoint yet"
+        )
+        what = (
+            f"loss became {mean_loss}"
+            if not math.isfinite(mean_loss)
+            else "gradients became non-finite (DeepSpeed skipped the optimizer step)"
+        )
+        raise GptDsError(
+            f"{what} at iteration {it}; stopping without saving ({where}). "
+            "Lower --lr, raise warmup, or check the data."
+        )
+
+    def _log_train(self, it: int) -> None:
+        w = self.window
+        tokens = self.plan.ds.train_batch_size * self.shape.block_size * w.steps
+        lr = self.engine.get_lr()[0]
+        self.metrics.log_train(
+            it, w.loss_sum / w.steps, lr, tokens, w.steps, w.seconds, self.comm_seconds
+        )
+        w.loss_sum, w.steps, w.seconds = 0.0, 0, 0.0
+
+    # ------------------------------------------------------------------ the rules
+    def after_step(self, it: int, stop_requested: bool) -> bool:
+        """Evaluate and checkpoint at eval points; on a stop request save (once) and stop.
+        Returns True when the run stops here. The last iteration is `finish`'s."""
+        if it == self.cfg.max_iters:
+            return False
+        saved = False
+        if self.cfg.eval_interval and it % self.cfg.eval_interval == 0:
+            improved = self.evaluate(it, tag=f"iter_{it}")
+            if improved or not self.cfg.save_only_on_improvement:
+                self.save(f"iter_{it}")
+                saved = True
+        if not stop_requested:
+            return False
+        dist.print0(f"received {self.stop.signal_name or 'a stop signal on another rank'}: saving")
+        if not saved:  # not twice: the launcher SIGKILLs ranks 30 s after its SIGTERM
+            self.save(f"iter_{it}")
+        dist.print0(f"stopped at iteration {it}; resume with --resume (tag iter_{it})")
+        return True
+
+    def finish(self) -> int:
+        """The final evaluation and the `final` checkpoint."""
+        self.evaluate(self.cfg.max_iters, tag="final")
+        self.save("final")
+        dist.print0(f"done: {self.cfg.max_iters} iterations, val loss {self.last_val:.4f}")
+        return 0
+
+    def evaluate(self, it: int, tag: str) -> bool:
+        """Validation loss at iteration `it`, logged; returns whether it is the best so far
+        (then `tag`, the checkpoint about to be written, becomes the best tag)."""
+        ds = self.plan.ds
+        res = evaluate(
+            self.engine,
+            self.plan.data.val,
+            self.shape.block_size,
+            self.cfg.eval_iters * ds.micro_batch_size,
+            ds.micro_batch_size,
+            dist.device(),
+            dist.rank(),
+            dist.world_size(),
+        )
+        self.metrics.log_eval(it, res.loss, self.window.take_eval_mean(), res.perplexity)
+        self.last_val = res.loss
+        improved = self.best_val is None or res.loss < self.best_val
+        if improved:
+            self.best_val, self.best_tag = res.loss, tag
+        return improved
+
+    def save(self, tag: str) -> None:
+        if self.cfg.no_checkpoint:
+            return
+        manifest = Manifest(
+            tag=tag,
+            iteration=self.iteration,
+            world_size=dist.world_size(),
+            zero_stage=self.plan.ds.zero_stage,
+            model=asdict(self.shape),
+            config=self.cfg.to_dict(),
+            files={},
+            precision=self.plan.ds.precision,
+            val_loss=self.last_val,
+            best_val_loss=self.best_val,
+            best_tag=self.best_tag,
+        )
+        path = self.checkpointer.save(self.engine, self.sampler, manifest)
+        self.metrics.event(
+            {"event": "checkpoint", "iter": self.iteration, "tag": tag, "message": f"saved {path}"}
+        )
