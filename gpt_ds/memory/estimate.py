@@ -34,14 +34,14 @@ from gpt_ds.errors import ConfigError
 from gpt_ds.memory.activations import activation_bytes
 from gpt_ds.memory.constants import PRECISION_BYTES, GiB
 from gpt_ds.memory.layout import (
-    _zero3_layout,
-    _zero12_ranks,
-    _Zero12Rank,
+    Zero12Rank,
     largest_module_params,
     parameter_layout,
+    zero3_layout,
+    zero12_ranks,
 )
 from gpt_ds.memory.settings import ZeroSettings
-from gpt_ds.model import ModelShape
+from gpt_ds.model import ModelShape, shape_problems
 
 CPU_BYTES_PER_RANK = 2 * GiB  # one rank's Python + torch + CUDA libraries, resident
 
@@ -87,7 +87,15 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
+        """Everything on the GPU: model states, activations and buffers."""
         return self.model_state_bytes + self.activations + self.buffers
+
+    @property
+    def resident_model_state_bytes(self) -> int:
+        """Model states held on the GPU between steps: weights (ZeRO-3's persistent ones
+        included), fp32 master weights and Adam's moments; no gradients, nothing gathered."""
+        keys = ("params_weights", "params_persistent", "master_weights", "adam_moments")
+        return sum(self.detail.get(k, 0) for k in keys)
 
     def phase_bytes(self) -> dict[str, int]:
         """Model states alive at two moments (for checks against a live engine).
@@ -97,15 +105,14 @@ class MemoryEstimate:
         still alive (ZeRO-3's permanent buffer), master and moments. Offloaded states and
         gathered ZeRO-3 modules are excluded.
         """
-        d = self.detail
-        base = d["params_weights"] + d["params_persistent"] + d["master_weights"]
-        base += d["adam_moments"]
+        d, base = self.detail, self.resident_model_state_bytes
         return {
             "after_backward": base + d["grads_reduced"],
             "optimizer_step": base + d["grads_fp32_step"] + d["grads_reduced_alive_at_step"],
         }
 
     def describe(self) -> str:
+        """One line: stage, offload, precision, GPUs and nodes, micro-batch, checkpointing."""
         stage = "stage 0 (DDP)" if self.zero_stage == 0 else f"ZeRO-{self.zero_stage}"
         off = []
         if self.offload_optimizer:
@@ -146,27 +153,55 @@ class MemoryEstimate:
         return out
 
 
-def _check_run(shape: ModelShape, **kw: Any) -> None:
-    problems = []
-    if shape.n_head < 1 or shape.n_embd < 1 or shape.n_layer < 1 or shape.block_size < 1:
-        problems.append(f"model sizes must be >= 1, got {shape}")
-    elif shape.n_embd % shape.n_head:
-        problems.append(f"n_embd {shape.n_embd} is not divisible by n_head {shape.n_head}")
-    if kw["zero_stage"] not in (0, 1, 2, 3):
-        problems.append(f"zero_stage must be 0, 1, 2 or 3, got {kw['zero_stage']}")
-    if kw["offload_param"] and kw["zero_stage"] != 3:
+def _check_run(
+    shape: ModelShape,
+    *,
+    zero_stage: int,
+    offload_optimizer: bool,
+    offload_param: bool,
+    world_size: int,
+    gpus_per_node: int,
+    micro_batch_size: int,
+    precision: str,
+    rank: int | None,
+) -> None:
+    """Every reason the run cannot be estimated, raised at once as a ConfigError."""
+    problems = shape_problems(shape)
+    if zero_stage not in (0, 1, 2, 3):
+        problems.append(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if offload_param and zero_stage != 3:
         problems.append("offload_param needs ZeRO stage 3")
-    if kw["offload_optimizer"] and kw["zero_stage"] == 0:
+    if offload_optimizer and zero_stage == 0:
         problems.append("offload_optimizer needs ZeRO stage 1, 2 or 3")
-    for name in ("world_size", "gpus_per_node", "micro_batch_size"):
-        if kw[name] < 1:
-            problems.append(f"{name} must be >= 1, got {kw[name]}")
-    if kw["precision"] not in PRECISION_BYTES:
-        problems.append(f"precision must be bf16, fp16 or fp32, got {kw['precision']!r}")
-    if kw["rank"] is not None and not 0 <= kw["rank"] < max(1, kw["world_size"]):
-        problems.append(f"rank must be in [0, world_size), got {kw['rank']}")
+    counts = {
+        "world_size": world_size,
+        "gpus_per_node": gpus_per_node,
+        "micro_batch_size": micro_batch_size,
+    }
+    problems += [f"{name} must be >= 1, got {v}" for name, v in counts.items() if v < 1]
+    if precision not in PRECISION_BYTES:
+        problems.append(f"precision must be bf16, fp16 or fp32, got {precision!r}")
+    if rank is not None and not 0 <= rank < max(1, world_size):
+        problems.append(f"rank must be in [0, world_size), got {rank}")
     if problems:
         raise ConfigError(problems, source="memory estimate")
+
+
+def _settings(
+    zero_config: dict[str, Any] | ZeroSettings | None,
+    reduce_bucket_size: int | None,
+    allgather_bucket_size: int | None,
+) -> ZeroSettings:
+    """The run's ZeroSettings: `zero_config` (a config section or settings), bucket overrides."""
+    if isinstance(zero_config, ZeroSettings):
+        settings = zero_config
+    else:
+        settings = ZeroSettings.from_ds_config(zero_config)
+    if reduce_bucket_size is not None:
+        settings = replace(settings, reduce_bucket_size=int(reduce_bucket_size))
+    if allgather_bucket_size is not None:
+        settings = replace(settings, allgather_bucket_size=int(allgather_bucket_size))
+    return settings
 
 
 def estimate_run(
@@ -203,31 +238,14 @@ def estimate_run(
         precision=precision,
         rank=rank,
     )
-    if isinstance(zero_config, ZeroSettings):
-        settings = zero_config
-    else:
-        settings = ZeroSettings.from_ds_config(zero_config)
-    if reduce_bucket_size is not None:
-        settings = replace(settings, reduce_bucket_size=int(reduce_bucket_size))
-    if allgather_bucket_size is not None:
-        settings = replace(settings, allgather_bucket_size=int(allgather_bucket_size))
-
+    settings = _settings(zero_config, reduce_bucket_size, allgather_bucket_size)
     gpu, cpu_rank, rank = _model_states(
         shape, zero_stage, offload_optimizer, offload_param, world_size, precision, settings, rank
     )
     act = activation_bytes(shape, micro_batch_size, precision, activation_checkpointing)
     buffers = _buffers(shape, zero_stage, world_size, precision, settings)
-    ranks_per_node = min(gpus_per_node, world_size)
-    startup = 4 * shape.num_params() * ranks_per_node  # every rank builds the fp32 model
-    cpu_states = sum(v for k, v in cpu_rank.items() if k != "cpu_pinned_staging")
-    cpu_model_states = max(startup, cpu_states * ranks_per_node)
-    cpu_bytes = max(startup, (cpu_states + cpu_rank["cpu_pinned_staging"]) * ranks_per_node)
-    cpu_bytes += CPU_BYTES_PER_RANK * ranks_per_node
-
-    detail = {**gpu, **{f"activations_{k}" if k != "logits" else k: v for k, v in act.items()}}
-    detail.update(buffers)
-    detail.update({k: v * ranks_per_node for k, v in cpu_rank.items()})
-    detail["cpu_startup_fp32_model"] = startup
+    cpu = _cpu_per_node(shape, cpu_rank, ranks_per_node=min(gpus_per_node, world_size))
+    act_detail = {f"activations_{k}" if k != "logits" else k: v for k, v in act.items()}
     return MemoryEstimate(
         zero_stage=zero_stage,
         offload_optimizer=offload_optimizer,
@@ -244,8 +262,30 @@ def estimate_run(
         optimizer_states=gpu["master_weights"] + gpu["adam_moments"],
         activations=sum(act.values()),
         buffers=sum(buffers.values()),
-        cpu_model_state_bytes=cpu_model_states,
-        cpu_bytes=cpu_bytes,
+        cpu_model_state_bytes=cpu.model_states,
+        cpu_bytes=cpu.total,
+        detail={**gpu, **act_detail, **buffers, **cpu.detail},
+    )
+
+
+@dataclass(frozen=True)
+class _NodeCpu:
+    model_states: int  # offloaded model states of the node's ranks, or the start-up copy
+    total: int  # + pinned staging buffers and the ranks' processes
+    detail: dict[str, int]  # the per-node components, start-up fp32 model included
+
+
+def _cpu_per_node(shape: ModelShape, cpu_rank: dict[str, int], ranks_per_node: int) -> _NodeCpu:
+    """One node's CPU memory from one rank's CPU components: the larger of the start-up fp32
+    model (every rank builds it before deepspeed.initialize) and the offloaded states."""
+    startup = 4 * shape.num_params() * ranks_per_node
+    states = sum(v for k, v in cpu_rank.items() if k != "cpu_pinned_staging")
+    total = max(startup, (states + cpu_rank["cpu_pinned_staging"]) * ranks_per_node)
+    detail = {k: v * ranks_per_node for k, v in cpu_rank.items()}
+    detail["cpu_startup_fp32_model"] = startup
+    return _NodeCpu(
+        model_states=max(startup, states * ranks_per_node),
+        total=total + CPU_BYTES_PER_RANK * ranks_per_node,
         detail=detail,
     )
 
@@ -284,6 +324,7 @@ def _model_states(
 
 
 def _cpu(**kw: int) -> dict[str, int]:
+    """One rank's CPU components, zero but for those given."""
     base = dict.fromkeys(
         ["cpu_params", "cpu_grads_reduced", "cpu_grads_fp32_step", "cpu_master_weights"]
         + ["cpu_adam_moments", "cpu_pinned_staging"],
@@ -292,11 +333,21 @@ def _cpu(**kw: int) -> dict[str, int]:
     return {**base, **kw}
 
 
-def _zero12_states(shape, stage, offload_optimizer, world, e, rank, gpu):
+def _zero12_states(
+    shape: ModelShape,
+    stage: int,
+    offload_optimizer: bool,
+    world: int,
+    e: int,
+    rank: int | None,
+    gpu: dict[str, int],
+) -> tuple[dict[str, int], dict[str, int], int]:
+    """ZeRO-1/2: whole weights; gradients and optimizer states of the rank's partition."""
     sizes = [n for _, n in parameter_layout(shape)]
-    ranks = _zero12_ranks(sizes, world)
+    ranks = zero12_ranks(sizes, world)
 
-    def grads(r: _Zero12Rank) -> tuple[int, int]:
+    def grads(r: Zero12Rank) -> tuple[int, int, int]:
+        """(reduced 16-bit gradients, fp32 step copy, fp32 step gradient that is a view)."""
         reduced = e * (sum(sizes) if stage == 1 else r.overlap)
         if e == 4 and r.single_tensor:  # fp32, partition inside one tensor: the step
             return reduced, 0, 4 * r.overlap  # gradient is a view of that tensor's, no copy
@@ -323,8 +374,17 @@ def _zero12_states(shape, stage, offload_optimizer, world, e, rank, gpu):
     return gpu, _cpu(), rank
 
 
-def _zero3_states(shape, offload_optimizer, offload_param, world, e, settings, gpu):
-    lay = _zero3_layout(shape, world, settings)
+def _zero3_states(
+    shape: ModelShape,
+    offload_optimizer: bool,
+    offload_param: bool,
+    world: int,
+    e: int,
+    settings: ZeroSettings,
+    gpu: dict[str, int],
+) -> tuple[dict[str, int], dict[str, int], int]:
+    """ZeRO-3: every model state partitioned, small parameters whole, one module gathered."""
+    lay = zero3_layout(shape, world, settings)
     largest = largest_module_params(shape)
     step = 4 * min(lay.partition, settings.sub_group_size)
     gpu["params_persistent"] = e * lay.persistent
@@ -348,7 +408,10 @@ def _zero3_states(shape, offload_optimizer, offload_param, world, e, settings, g
     return gpu, cpu, 0
 
 
-def _buffers(shape, stage, world, precision, settings: ZeroSettings) -> dict[str, int]:
+def _buffers(
+    shape: ModelShape, stage: int, world: int, precision: str, settings: ZeroSettings
+) -> dict[str, int]:
+    """DeepSpeed's gradient-reduction buckets and ZeRO-3's parameter prefetch, in bytes."""
     e = PRECISION_BYTES[precision]
     n_params = shape.num_params()
     out = {"reduce_buckets": 0, "prefetch_bucket": 0}

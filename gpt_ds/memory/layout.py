@@ -40,13 +40,15 @@ def largest_module_params(shape: ModelShape) -> int:
 
 
 @dataclass(frozen=True)
-class _Zero12Rank:
+class Zero12Rank:
+    """One rank's share of ZeRO-1/2's flat buffer, in elements."""
+
     partition: int  # elements of the flat buffer this rank owns (padded)
     overlap: int  # elements of the whole tensors that overlap that partition
     single_tensor: bool  # the partition lies inside one tensor
 
 
-def _zero12_ranks(sizes: list[int], world: int) -> list[_Zero12Rank]:
+def zero12_ranks(sizes: list[int], world: int) -> list[Zero12Rank]:
     """DeepSpeed ZeRO-1/2's partitioning of the flat buffer (padded to 2*N), rank by rank."""
     total = sum(sizes)
     align = 2 * world  # nccl_start_alignment_factor x world size
@@ -58,26 +60,30 @@ def _zero12_ranks(sizes: list[int], world: int) -> list[_Zero12Rank]:
     for r in range(world):
         lo, hi = r * part, min((r + 1) * part, total)
         if lo >= hi:
-            ranks.append(_Zero12Rank(part, 0, True))
+            ranks.append(Zero12Rank(partition=part, overlap=0, single_tensor=True))
             continue
         first = bisect.bisect_right(starts, lo) - 1
         last = bisect.bisect_left(starts, hi) - 1
         overlap = starts[last + 1] - starts[first]
-        ranks.append(_Zero12Rank(part, overlap, first == last))
+        ranks.append(Zero12Rank(partition=part, overlap=overlap, single_tensor=first == last))
     return ranks
 
 
 @dataclass(frozen=True)
-class _Zero3Layout:
+class Zero3Layout:
+    """One rank's ZeRO-3 parameter elements."""
+
     partition: int  # this rank's elements over all parameters (each padded to N)
     persistent: int  # elements of parameters kept whole on every rank
 
 
-def _zero3_layout(shape: ModelShape, world: int, settings: ZeroSettings) -> _Zero3Layout:
+def zero3_layout(shape: ModelShape, world: int, settings: ZeroSettings) -> Zero3Layout:
+    """DeepSpeed ZeRO-3's partition of every parameter (each padded to N) and its persistent
+    parameters (the small ones, up to the model-wide cap), kept whole on every rank."""
     partition = persistent = 0
     for _, n in parameter_layout(shape):
         partition += math.ceil(n / world)
         within_model_cap = persistent + n <= settings.model_persistence_threshold
         if n <= settings.param_persistence_threshold and within_model_cap:
             persistent += n
-    return _Zero3Layout(partition, persistent)
+    return Zero3Layout(partition=partition, persistent=persistent)
