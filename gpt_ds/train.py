@@ -376,11 +376,7 @@ def report_model_states(engine, estimate) -> None:
     one_hot = [0.0] * dist.world_size()
     one_hot[dist.rank()] = held
     per_rank = dist.all_reduce_sum(one_hot)
-    d = estimate.detail
-    predicted = sum(
-        d.get(k, 0)
-        for k in ("params_weights", "params_persistent", "master_weights", "adam_moments")
-    )
+    predicted = estimate.resident_model_state_bytes
     dist.print0(
         f"model states per rank between steps (weights + optimizer): predicted "
         f"{predicted / 2**30:.3f} GiB, measured "
