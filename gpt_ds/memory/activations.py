@@ -1,0 +1,51 @@
+"""Activation memory: what autograd keeps for backward on one GPU for one micro-batch."""
+
+from __future__ import annotations
+
+from gpt_ds.memory.constants import PRECISION_BYTES
+from gpt_ds.model import ModelShape
+
+# Saved activations per layer per (sequence position x batch x width), in bytes at 16 bits.
+# Korthikanti et al. 2022 count 34 (+ 5*a*s/h for the attention matrix). Measured on this
+# code's GPT2LMHeadModel (SDPA, dropout 0) with saved-tensor hooks: 60. Transformers' GPT-2
+# GELU ("gelu_new") is a Python tanh expression whose autograd keeps four 4h-wide tensors
+# (32 vs Korthikanti's 8); with dropout 0 no masks are kept (-2); SDPA keeps q, k, v and
+# its output (+2). tests/test_memory.py re-measures it.
+ACT_BYTES_PER_SBH_16BIT = 60
+KORTHIKANTI_SBH = 34
+# SDPA (flash / memory-efficient kernels, on GPU and CPU) never materialises the a x s x s
+# attention matrix: it keeps a log-sum-exp of a*s fp32 values. Eager attention would add
+# 5*a*s*s*b bytes per layer (softmax output, dropout mask and output).
+EAGER_ATTN_BYTES_PER_ASSB = 5
+# Logits: cross-entropy keeps the fp32 log-softmax (4 bytes per vocabulary entry), and its
+# backward holds two fp32 gradients of that size at once: 12 bytes x batch x seq x vocab.
+LOGIT_BYTES_PER_ELEMENT = 12
+
+
+def activation_bytes(
+    shape: ModelShape,
+    micro_batch_size: int,
+    precision: str,
+    activation_checkpointing: bool,
+    sdpa: bool = True,
+) -> dict[str, int]:
+    """Bytes kept for backward on one GPU: {"layers", "logits", "other"}.
+
+    Without checkpointing every layer keeps ACT_BYTES_PER_SBH_16BIT x s*b*h (x2 in fp32).
+    With it (non-reentrant, per block) each layer keeps only its input, s*b*h values, and one
+    layer's full set is rebuilt at a time during backward.
+    """
+    s, b, h = shape.block_size, micro_batch_size, shape.n_embd
+    scale = PRECISION_BYTES[precision] / 2
+    full_layer = ACT_BYTES_PER_SBH_16BIT * s * b * h * scale
+    if not sdpa:
+        full_layer += EAGER_ATTN_BYTES_PER_ASSB * shape.n_head * s * s * b * scale
+    if activation_checkpointing:
+        layers = shape.n_layer * 2 * s * b * h * scale + full_layer
+    else:
+        layers = shape.n_layer * full_layer
+    return {
+        "layers": int(layers),
+        "logits": LOGIT_BYTES_PER_ELEMENT * b * s * shape.vocab_size,
+        "other": int(4 * s * b * h * scale),  # embedding output, final LayerNorm in/out
+    }
