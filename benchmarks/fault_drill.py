@@ -34,10 +34,11 @@ from ds_launch import run_python  # noqa: E402
 from test_faults import (  # noqa: E402
     Launch,
     consolidated_model,
-    records,
     train_losses,
     val_losses,
 )
+
+from gpt_ds.metrics import read_metrics  # noqa: E402
 
 # 2 layers, 128 wide: saves of 111 MB stay open long enough (~0.3 s) to be hit on purpose
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 128}
@@ -76,10 +77,11 @@ def kill_once(
 ) -> dict:
     """Wait for the chosen moment, SIGKILL a random rank; what happened."""
     victim = rng.randrange(2)
-    old = len(records(out))  # metrics.jsonl lines of earlier launches
+    old = len(read_metrics(out, tolerate_partial_last_line=True))  # lines of earlier launches
 
     def trained() -> int:
-        return max((r["iter"] for r in records(out)[old:] if "loss" in r), default=start)
+        new = read_metrics(out, tolerate_partial_last_line=True)[old:]
+        return max((r["iter"] for r in new if "loss" in r), default=start)
 
     if mode == "train":
         target = min(start + rng.randint(1, 6), max_iters - 1)

@@ -11,8 +11,6 @@ from pathlib import Path
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 
-import json  # noqa: E402
-
 import pytest  # noqa: E402
 from ds_launch import REPO, run_deepspeed, run_python  # noqa: E402
 
@@ -23,11 +21,6 @@ def shakespeare_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data") / "shakespeare"
     run_python([str(REPO / "tools" / "prepare_data.py"), "--out_dir", str(out)], timeout=300)
     return out
-
-
-def read_metrics(out_dir: Path) -> list[dict]:
-    """All records of a run's metrics.jsonl."""
-    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 def tiny_run_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:

@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import STAGE_RUN_ITERS, read_metrics
+from conftest import STAGE_RUN_ITERS
 from ds_launch import REPO, run_python
 
 from gpt_ds import export
 from gpt_ds.data import eval_windows, window_batch
 from gpt_ds.errors import CheckpointError
+from gpt_ds.metrics import read_metrics
 from gpt_ds.model import ModelShape, gpt2_config
 
 TOOLS = REPO / "tools"

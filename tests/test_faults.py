@@ -44,10 +44,12 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from conftest import read_metrics, tiny_run_args
+from conftest import tiny_run_args
 from ds_launch import REPO, TRAIN, VENV_BIN, free_port, shm_buffers
 from ds_launch import test_env as launch_env
 from test_train import consolidated_model
+
+from gpt_ds.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -175,19 +177,6 @@ def launch(tmp_path):
 
 
 # ---------------------------------------------------------------------------- run records
-def records(out: Path) -> list[dict]:
-    """metrics.jsonl, tolerating a line being written right now."""
-    try:
-        lines = (out / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        with contextlib.suppress(json.JSONDecodeError):
-            found.append(json.loads(line))
-    return found
-
-
 def train_losses(out: Path) -> dict[int, float]:
     """iteration -> logged loss; a re-run iteration (after a resume) keeps its latest value."""
     return {r["iter"]: r["loss"] for r in read_metrics(out) if "loss" in r}
@@ -202,11 +191,14 @@ def val_losses(out: Path) -> dict[int, float]:
 
 
 def checkpoint_iters(out: Path) -> list[int]:
-    return [r["iter"] for r in records(out) if r.get("event") == "checkpoint"]
+    """Checkpoints logged so far (the run may be writing its next line)."""
+    records = read_metrics(out, tolerate_partial_last_line=True)
+    return [r["iter"] for r in records if r.get("event") == "checkpoint"]
 
 
 def logged_iters(out: Path) -> list[int]:
-    return [r["iter"] for r in records(out) if "loss" in r]
+    """Iterations logged so far (the run may be writing its next line)."""
+    return [r["iter"] for r in read_metrics(out, tolerate_partial_last_line=True) if "loss" in r]
 
 
 def latest(out: Path) -> str:

@@ -12,8 +12,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import read_metrics, tiny_run_args
+from conftest import tiny_run_args
 from ds_launch import REPO, run_deepspeed, run_python
+
+from gpt_ds.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
