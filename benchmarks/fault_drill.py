@@ -29,8 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the launch helpers the fault tests use
 
-from conftest import tiny_run_args  # noqa: E402
-from ds_launch import run_python  # noqa: E402
+from helpers.launch import run_python, tiny_run_args  # noqa: E402
 from test_faults import (  # noqa: E402
     Launch,
     consolidated_model,

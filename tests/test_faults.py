@@ -8,7 +8,7 @@ own zero_to_fp32 for weights, and plain `transformers` for a loss.
 
 /dev/shm: DeepSpeed's CPU comm op leaves a ~66 MB buffer per rank of a multi-rank launch (a
 one-process run makes none, measured) that only our ranks remove. Unlike
-`ds_launch.run_deepspeed`, `Launch` removes a run's buffers only at teardown, after the test
+`helpers.launch.run_deepspeed`, `Launch` removes a run's buffers only at teardown, after the test
 has looked: each 2-rank test asserts that nothing of its run is left after a normal end, an
 error exit after start-up (non-finite loss, full disk) and a SIGTERM/SIGINT stop. A SIGKILLed
 rank cannot remove its buffer: those tests assert that exactly the killed ranks' buffers
@@ -44,9 +44,15 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from conftest import tiny_run_args
-from ds_launch import REPO, TRAIN, VENV_BIN, free_port, shm_buffers
-from ds_launch import test_env as launch_env
+from helpers.launch import (
+    REPO,
+    TRAIN,
+    VENV_BIN,
+    free_port,
+    launch_env,
+    shm_buffers,
+    tiny_run_args,
+)
 from test_train import consolidated_model
 
 from gpt_ds.metrics import read_metrics

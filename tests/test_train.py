@@ -12,8 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_run_args
-from ds_launch import REPO, run_deepspeed, run_python
+from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args
 
 from gpt_ds.metrics import read_metrics
 

@@ -21,10 +21,16 @@ import time
 import uuid
 from pathlib import Path
 
-import ds_launch
 import pytest
-from ds_launch import REPO, VENV_BIN, free_port, remove_shm_buffers, run_deepspeed
-from sshd_loopback import sshd_fixture
+from helpers.launch import (
+    REPO,
+    VENV_BIN,
+    free_port,
+    launch_env,
+    remove_shm_buffers,
+    run_deepspeed,
+)
+from helpers.sshd import sshd_fixture
 
 from gpt_ds.metrics import read_metrics
 
@@ -122,7 +128,7 @@ def test_pdsh_ranks_get_the_venv_python_and_deepspeed_env(ssh_loopback, tmp_path
     mark, ext_dir = uuid.uuid4().hex, str(tmp_path / "ext")
     ds_env = tmp_path / "ds_env"
     ds_env.write_text(f"TORCH_EXTENSIONS_DIR={ext_dir}\nGPT_DS_MARK={mark}\n")
-    env = ds_launch.test_env()
+    env = launch_env()
     env.pop("TORCH_EXTENSIONS_DIR")  # whatever arrives came through the file
     env["DS_ENV_FILE"] = str(ds_env)  # absolute: DeepSpeed reads it, not ~/.deepspeed_env
     port = free_port()
@@ -158,7 +164,7 @@ def test_two_nodes_over_pdsh_train_like_one_node(
     `deepspeed --hostfile H --master_addr 127.0.0.1 --master_port P gpt_ds/train.py ...`."""
     out = tmp_path / "out"
     port = free_port()
-    env = ds_launch.test_env()
+    env = launch_env()
     env.update(
         HOSTFILE=str(hostfile(tmp_path)),
         MASTER_ADDR="127.0.0.1",
@@ -188,7 +194,7 @@ def test_two_nodes_without_ssh_train_like_one_node(
     """launchers/run_node.sh on each "node" (DeepSpeed --no_ssh --node_rank), no ssh at all."""
     out = tmp_path / "out"
     port = free_port()
-    env = ds_launch.test_env()
+    env = launch_env()
     env.update(MASTER_PORT=str(port), GPUS_PER_NODE="1", MIN_FREE_GB="0.1", NET_IF="lo")
     node = [str(REPO / "launchers" / "run_node.sh")]
     args = ["127.0.0.1", "2", "--", *train_args(shakespeare_dir, out)]
@@ -247,7 +253,7 @@ def test_slurm_batch_script_checkpoints_on_its_warning_signal(shakespeare_dir, t
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     out, port = tmp_path / "out", free_port()
-    env = ds_launch.test_env()
+    env = launch_env()
     env.update(
         PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
         SLURM_JOB_ID="4242",
