@@ -27,15 +27,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the launch helpers the fault tests use
+# This checkout's gpt_ds, and the tests' helpers package (tests/helpers/) the drill shares
+# with tests/test_faults.py.
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+from helpers.faults import Launch  # noqa: E402
 from helpers.launch import run_python, tiny_run_args  # noqa: E402
-from test_faults import (  # noqa: E402
-    Launch,
-    consolidated_model,
-    train_losses,
-    val_losses,
-)
+from helpers.runs import consolidated_model, train_losses, val_losses  # noqa: E402
 
 from gpt_ds.metrics import read_metrics  # noqa: E402
 

@@ -30,9 +30,8 @@ from helpers.launch import (
     remove_shm_buffers,
     run_deepspeed,
 )
+from helpers.runs import train_losses, val_losses
 from helpers.sshd import sshd_fixture
-
-from gpt_ds.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 ssh_loopback = sshd_fixture()
@@ -81,15 +80,6 @@ def explain(proc: subprocess.CompletedProcess) -> str:
     return f"rc={proc.returncode}\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
 
 
-def losses(out_dir: Path, tolerate_partial_last_line: bool = False) -> dict[int, float]:
-    records = read_metrics(out_dir, tolerate_partial_last_line)
-    return {r["iter"]: r["loss"] for r in records if "loss" in r}
-
-
-def evals(out_dir: Path) -> dict[int, float]:
-    return {r["iter"]: r["val_loss"] for r in read_metrics(out_dir) if "val_loss" in r}
-
-
 def rank_lines(stdout: str) -> set[tuple[int, int]]:
     """(rank, node) pairs from train.py's `rank R/W on host H node N ...` lines."""
     found = re.findall(r"rank (\d+)/2 on host \S+ node (\d+)", stdout)
@@ -97,12 +87,12 @@ def rank_lines(stdout: str) -> set[tuple[int, int]]:
 
 
 def assert_same_run(out: Path, ref: Path) -> None:
-    a, b = losses(out), losses(ref)
+    a, b = train_losses(out), train_losses(ref)
     assert sorted(a) == list(range(1, 7)), a
     assert sorted(a) == sorted(b)
     for it in a:
         assert math.isclose(a[it], b[it], rel_tol=0, abs_tol=1e-5), (it, a[it], b[it])
-    ea, eb = evals(out), evals(ref)
+    ea, eb = val_losses(out), val_losses(ref)
     assert sorted(ea) == [3, 6] and sorted(ea) == sorted(eb), (ea, eb)
     for it in ea:
         assert math.isclose(ea[it], eb[it], rel_tol=0, abs_tol=1e-5), (it, ea[it], eb[it])
@@ -278,7 +268,7 @@ def test_slurm_batch_script_checkpoints_on_its_warning_signal(shakespeare_dir, t
         )
     try:
         deadline = time.monotonic() + 600
-        while len(losses(out, tolerate_partial_last_line=True)) < 3:
+        while len(train_losses(out, tolerate_partial_last_line=True)) < 3:
             assert job.poll() is None, log.read_text()[-6000:]
             assert time.monotonic() < deadline, log.read_text()[-6000:]
             time.sleep(1)
