@@ -27,17 +27,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the launch helpers the fault tests use
+# This checkout's gpt_ds, and the tests' helpers package (tests/helpers/) the drill shares
+# with tests/test_faults.py.
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from conftest import tiny_run_args  # noqa: E402
-from ds_launch import run_python  # noqa: E402
-from test_faults import (  # noqa: E402
-    Launch,
-    consolidated_model,
-    records,
-    train_losses,
-    val_losses,
-)
+from helpers.faults import Launch  # noqa: E402
+from helpers.launch import run_python, tiny_run_args  # noqa: E402
+from helpers.runs import consolidated_model, train_losses, val_losses  # noqa: E402
+
+from gpt_ds.metrics import read_metrics  # noqa: E402
 
 # 2 layers, 128 wide: saves of 111 MB stay open long enough (~0.3 s) to be hit on purpose
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 128}
@@ -76,10 +74,11 @@ def kill_once(
 ) -> dict:
     """Wait for the chosen moment, SIGKILL a random rank; what happened."""
     victim = rng.randrange(2)
-    old = len(records(out))  # metrics.jsonl lines of earlier launches
+    old = len(read_metrics(out, tolerate_partial_last_line=True))  # lines of earlier launches
 
     def trained() -> int:
-        return max((r["iter"] for r in records(out)[old:] if "loss" in r), default=start)
+        new = read_metrics(out, tolerate_partial_last_line=True)[old:]
+        return max((r["iter"] for r in new if "loss" in r), default=start)
 
     if mode == "train":
         target = min(start + rng.randint(1, 6), max_iters - 1)

@@ -125,3 +125,29 @@ class MetricsLogger:
         self.write(record)
         if self.enabled and record.get("message"):
             print(record["message"], file=sys.stdout, flush=True)
+
+
+def read_metrics(out_dir: str | Path, tolerate_partial_last_line: bool = False) -> list[dict]:
+    """Every record of `OUT_DIR/metrics.jsonl`, in file order.
+
+    For a run still writing (`tolerate_partial_last_line=True`): a file not created yet reads as
+    no records, and a last line not yet ended by its newline is left out (the next read gets it).
+    Any other line that is not JSON raises ValueError naming the file and line.
+    """
+    path = Path(out_dir) / "metrics.jsonl"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        if tolerate_partial_last_line:
+            return []
+        raise
+    lines = text.splitlines()
+    if tolerate_partial_last_line and lines and not text.endswith("\n"):
+        lines.pop()
+    records = []
+    for n, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not a JSON record ({e.msg}): {line[:80]!r}") from None
+    return records

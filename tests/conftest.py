@@ -1,4 +1,5 @@
-"""Shared test set-up: an isolated torch-extensions cache for DeepSpeed's JIT ops."""
+"""Shared test set-up: an isolated torch-extensions cache for DeepSpeed's JIT ops, and the
+session fixtures (prepared data, one training run per ZeRO stage). Helpers live in helpers/."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ from pathlib import Path
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 
-import json  # noqa: E402
-
 import pytest  # noqa: E402
-from ds_launch import REPO, run_deepspeed, run_python  # noqa: E402
+from helpers.launch import (  # noqa: E402
+    REPO,
+    STAGE_RUN_ITERS,
+    run_deepspeed,
+    run_python,
+    tiny_run_args,
+)
 
 
 @pytest.fixture(scope="session")
@@ -23,43 +28,6 @@ def shakespeare_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data") / "shakespeare"
     run_python([str(REPO / "tools" / "prepare_data.py"), "--out_dir", str(out)], timeout=300)
     return out
-
-
-def read_metrics(out_dir: Path) -> list[dict]:
-    """All records of a run's metrics.jsonl."""
-    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-
-
-def tiny_run_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
-    """Command-line arguments for a small, fast, deterministic CPU run (fp32)."""
-    args = {
-        "deepspeed_config": "ds_configs/zero2.json",
-        "model": "gpt2-tiny",
-        "block_size": 64,
-        "micro_batch_size": 4,
-        "grad_accum": 1,
-        "max_iters": 20,
-        "eval_interval": 10,
-        "eval_iters": 4,
-        "log_interval": 1,
-        "lr": 2e-3,
-        "warmup_iters": 4,
-        "seed": 1337,
-        "precision": "fp32",
-        "data_dir": str(data_dir),
-        "out_dir": str(out_dir),
-    }
-    args.update(overrides)
-    argv = []
-    for k, v in args.items():
-        if v is True:
-            argv.append(f"--{k}")
-        elif v is not None and v is not False:
-            argv += [f"--{k}", str(v)]
-    return argv
-
-
-STAGE_RUN_ITERS = 24
 
 
 @pytest.fixture(scope="session")

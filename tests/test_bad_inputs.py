@@ -14,9 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_run_args
-from ds_launch import REPO, TRAIN, VENV_BIN, run_python
-from ds_launch import test_env as launch_env
+from helpers.launch import REPO, TRAIN, VENV_BIN, launch_env, run_python, tiny_run_args
 
 SMALL = {"n_layer": 2, "n_head": 2, "n_embd": 64}
 

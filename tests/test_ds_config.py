@@ -7,9 +7,9 @@ import importlib.util
 import json
 from pathlib import Path
 
-import ds_launch
 import jsonschema
 import pytest
+from helpers.launch import free_port, launch_env, remove_shm_buffers, run_python
 
 from gpt_ds import ds_config
 from gpt_ds.ds_config import (
@@ -517,14 +517,14 @@ def test_deepspeed_initializes_every_resolved_preset(tmp_path):
     """One process, all presets: deepspeed.initialize + 3 steps each (fp32 on CPU). The offload
     presets build DeepSpeedCPUAdam, JIT-compiled once into TORCH_EXTENSIONS_DIR (~90 s cold)."""
     script = write(tmp_path, ACCEPT_SCRIPT, "accept_presets.py")
-    port = ds_launch.free_port()
-    env = ds_launch.test_env()
+    port = free_port()
+    env = launch_env()
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0")
     env.update(WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     try:
-        proc = ds_launch.run_python([str(script), *PRESETS], timeout=900, check=False, env=env)
+        proc = run_python([str(script), *PRESETS], timeout=900, check=False, env=env)
     finally:
-        ds_launch.remove_shm_buffers("127.0.0.1", port)
+        remove_shm_buffers("127.0.0.1", port)
     results = {}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -18,16 +18,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import STAGE_RUN_ITERS, read_metrics
-from ds_launch import REPO, run_python
+from helpers.launch import REPO, STAGE_RUN_ITERS, run_python
 
 from gpt_ds import export
 from gpt_ds.data import eval_windows, window_batch
 from gpt_ds.errors import CheckpointError
+from gpt_ds.metrics import read_metrics
 from gpt_ds.model import ModelShape, gpt2_config
 
 TOOLS = REPO / "tools"
-EVAL_ITERS, MICRO_BATCH, BLOCK = 4, 4, 64  # the stage runs' (conftest.tiny_run_args)
+EVAL_ITERS, MICRO_BATCH, BLOCK = 4, 4, 64  # the stage runs' (helpers.launch.tiny_run_args)
 
 
 # --------------------------------------------------------------------------- fixtures, helpers

@@ -1,15 +1,15 @@
 """Crashes, preemption, full disks, bad numbers and resizing, with real DeepSpeed ranks on CPU.
 
 Every run here is a real launch (`deepspeed --num_gpus 2 gpt_ds/train.py ...`, or
-`python gpt_ds/train.py` for one rank) started in the background by `Launch`, so a test can kill
-a rank, signal the launcher, or watch the run's files while it works. References are computed
-in each test module: uninterrupted runs of the same configuration (`References`), DeepSpeed's
-own zero_to_fp32 for weights, and plain `transformers` for a loss.
+`python gpt_ds/train.py` for one rank) started in the background by `helpers.faults.Launch`, so
+a test can kill a rank, signal the launcher, or watch the run's files while it works. References
+are computed in each test module: uninterrupted runs of the same configuration (`References`),
+DeepSpeed's own zero_to_fp32 for weights, and plain `transformers` for a loss.
 
 /dev/shm: DeepSpeed's CPU comm op leaves a ~66 MB buffer per rank of a multi-rank launch (a
 one-process run makes none, measured) that only our ranks remove. Unlike
-`ds_launch.run_deepspeed`, `Launch` removes a run's buffers only at teardown, after the test
-has looked: each 2-rank test asserts that nothing of its run is left after a normal end, an
+`helpers.launch.run_deepspeed`, `Launch` removes a run's buffers only at teardown, after the
+test has looked: each 2-rank test asserts that nothing of its run is left after a normal end, an
 error exit after start-up (non-finite loss, full disk) and a SIGTERM/SIGINT stop. A SIGKILLed
 rank cannot remove its buffer: those tests assert that exactly the killed ranks' buffers
 remain, and the teardown removes them.
@@ -27,7 +27,6 @@ Measured exit codes (DeepSpeed 0.19.8, local launch, recorded in the assertions 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -36,18 +35,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
-from conftest import read_metrics, tiny_run_args
-from ds_launch import REPO, TRAIN, VENV_BIN, free_port, shm_buffers
-from ds_launch import test_env as launch_env
-from test_train import consolidated_model
+from helpers.faults import Launch
+from helpers.launch import REPO, launch_env, tiny_run_args
+from helpers.runs import consolidated_model, train_losses, train_lrs, val_losses
+
+from gpt_ds.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -60,105 +58,6 @@ ITERS = 8
 
 
 # ---------------------------------------------------------------------------- launching
-class Launch:
-    """One training run in the background, in its own session, output to a log file."""
-
-    def __init__(self, args: list[str], log: Path, num_gpus: int = 2):
-        self.port = free_port()
-        self.log = log
-        env = launch_env()
-        if num_gpus == 1:  # plain `python train.py`: a world of one, port fixed for the shm name
-            cmd = [sys.executable, str(TRAIN), *args]
-            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
-        else:
-            cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(num_gpus)]
-            cmd += ["--master_port", str(self.port), str(TRAIN), *args]
-        with log.open("w") as f:
-            self.proc = subprocess.Popen(
-                cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.seen: dict[int, psutil.Process] = {}
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def processes(self) -> list[psutil.Process]:
-        """The launcher's live descendants (also remembered, to wait for orphans later)."""
-        try:
-            kids = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            kids = []
-        for k in kids:
-            self.seen.setdefault(k.pid, k)
-        return kids
-
-    def _find(self, needle: str) -> psutil.Process:
-        for p in self.processes():
-            try:
-                if needle in p.cmdline():
-                    return p
-            except psutil.Error:
-                continue
-        raise LookupError(f"no process with {needle!r} under {self.proc.pid}")
-
-    def rank(self, r: int) -> psutil.Process:
-        """Rank r's Python process (the launcher gives it `--local_rank=r`)."""
-        return self._find(f"--local_rank={r}")
-
-    def launcher(self) -> psutil.Process:
-        """DeepSpeed's per-node launcher, `python -m deepspeed.launcher.launch`."""
-        return self._find("deepspeed.launcher.launch")
-
-    def wait_for(self, condition, what: str, timeout: float = 180, poll: float = 0.005) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if self.proc.poll() is not None:
-                rc = self.proc.returncode
-                pytest.fail(f"the run ended (rc={rc}) before {what}:\n" + self.tail())
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {what}:\n" + self.tail())
-            time.sleep(poll)
-
-    def finish(self, timeout: float = 300) -> int:
-        """Exit status of the command; also waits for every rank it started (they can outlive
-        `deepspeed` after a Ctrl-C)."""
-        self.processes()
-        rc = self.proc.wait(timeout)
-        _, alive = psutil.wait_procs(list(self.seen.values()), timeout=60)
-        assert not alive, f"processes outlived the run: {alive}"
-        return rc
-
-    def finish_ok(self, timeout: float = 300) -> Launch:
-        rc = self.finish(timeout)
-        assert rc == 0, f"run failed (rc={rc}):\n{self.tail()}"
-        assert self.shm() == [], "a rank left its /dev/shm buffer after a normal end"
-        return self
-
-    def tail(self, chars: int = 6000) -> str:
-        return self.output[-chars:]
-
-    def shm(self) -> list[Path]:
-        """This launch's DeepSpeed buffers still in /dev/shm."""
-        return shm_buffers("127.0.0.1", self.port)
-
-    def shm_of(self, ranks) -> list[Path]:
-        uid = os.getuid()
-        name = f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{self.port}_{{}}"
-        return sorted(Path("/dev/shm") / name.format(r) for r in ranks)
-
-    def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-        for p in self.seen.values():
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        for p in self.shm():
-            p.unlink(missing_ok=True)
-
-
 @pytest.fixture
 def launch(tmp_path):
     """`launch(args, name, num_gpus=2)` starts a run; whatever is left is killed afterwards."""
@@ -175,38 +74,15 @@ def launch(tmp_path):
 
 
 # ---------------------------------------------------------------------------- run records
-def records(out: Path) -> list[dict]:
-    """metrics.jsonl, tolerating a line being written right now."""
-    try:
-        lines = (out / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        with contextlib.suppress(json.JSONDecodeError):
-            found.append(json.loads(line))
-    return found
-
-
-def train_losses(out: Path) -> dict[int, float]:
-    """iteration -> logged loss; a re-run iteration (after a resume) keeps its latest value."""
-    return {r["iter"]: r["loss"] for r in read_metrics(out) if "loss" in r}
-
-
-def train_lrs(out: Path) -> dict[int, float]:
-    return {r["iter"]: r["lr"] for r in read_metrics(out) if "lr" in r}
-
-
-def val_losses(out: Path) -> dict[int, float]:
-    return {r["iter"]: r["val_loss"] for r in read_metrics(out) if "val_loss" in r}
-
-
 def checkpoint_iters(out: Path) -> list[int]:
-    return [r["iter"] for r in records(out) if r.get("event") == "checkpoint"]
+    """Checkpoints logged so far (the run may be writing its next line)."""
+    records = read_metrics(out, tolerate_partial_last_line=True)
+    return [r["iter"] for r in records if r.get("event") == "checkpoint"]
 
 
 def logged_iters(out: Path) -> list[int]:
-    return [r["iter"] for r in records(out) if "loss" in r]
+    """Iterations logged so far (the run may be writing its next line)."""
+    return [r["iter"] for r in read_metrics(out, tolerate_partial_last_line=True) if "loss" in r]
 
 
 def latest(out: Path) -> str:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs, model_to_params
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-from ds_launch import REPO
+from helpers.launch import REPO
 
 from gpt_ds.errors import ConfigError
 from gpt_ds.memory import (

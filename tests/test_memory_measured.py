@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from ds_launch import REPO, run_deepspeed
+from helpers.launch import REPO, run_deepspeed
 
 CONFIGS = ["0:bf16", "1:bf16", "2:bf16", "3:bf16", "1:fp32", "2:fp32", "3:fp32"]
 TOLERANCE = 0.10
@@ -25,7 +25,7 @@ def measured(tmp_path_factory) -> list[dict]:
     proc = run_deepspeed(
         ["--configs", ",".join(CONFIGS), "--out_dir", str(out)],
         num_gpus=2,
-        script=REPO / "tests" / "measure_model_states.py",
+        script=REPO / "tests" / "scripts" / "measure_model_states.py",
         timeout=600,
         check=False,
     )

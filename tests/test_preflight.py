@@ -1,6 +1,6 @@
 """Hostfile parsing (against DeepSpeed's own parser) and the multi-node preflight check.
 
-The slow tests run preflight over real ssh to loopback "nodes" (tests/sshd_loopback.py): all
+The slow tests run preflight over real ssh to loopback "nodes" (tests/helpers/sshd.py): all
 green, an unreachable node, and a node whose Python sees another deepspeed version (its sshd
 runs in a private mount namespace where the installed deepspeed's METADATA says 0.18.0: a real
 file difference at the same path, as on a badly provisioned machine).
@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import ds_launch
 import pytest
-from ds_launch import REPO, free_port
-from sshd_loopback import Unavailable, ensure_packages, sshd_fixture
+from helpers.launch import REPO, free_port, launch_env
+from helpers.sshd import Unavailable, ensure_packages, sshd_fixture
 
 from gpt_ds.errors import ConfigError
 from gpt_ds.hostfile import parse_hostfile_text, read_hostfile, resource_pool
@@ -216,7 +215,7 @@ def test_report_table_and_fix_lines():
 
 def preflight(hostfile: Path, *args: str) -> subprocess.CompletedProcess:
     """`python tools/preflight.py`, as a user runs it, from the project directory."""
-    env = ds_launch.test_env()
+    env = launch_env()
     env["PYTHONIOENCODING"] = "utf-8"
     return subprocess.run(
         [sys.executable, str(REPO / "tools" / "preflight.py"), "--hostfile", str(hostfile), *args],

@@ -12,38 +12,16 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import read_metrics, tiny_run_args
-from ds_launch import REPO, run_deepspeed, run_python
+from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args
+from helpers.runs import consolidated_model, train_losses
+
+from gpt_ds.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
 
-def train_losses(out_dir) -> dict[int, float]:
-    return {r["iter"]: r["loss"] for r in read_metrics(out_dir) if "loss" in r}
-
-
 def eval_records(out_dir) -> list[dict]:
     return [r for r in read_metrics(out_dir) if "val_loss" in r]
-
-
-def consolidated_model(out_dir, tag: str):
-    """GPT2LMHeadModel holding the fp32 weights DeepSpeed's own converter gathers from `tag`."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    manifest = json.loads((out_dir / tag / "gpt_ds.json").read_text())
-    m = manifest["model"]
-    config = GPT2Config(
-        vocab_size=m["vocab_size"],
-        n_positions=m["block_size"],
-        n_embd=m["n_embd"],
-        n_layer=m["n_layer"],
-        n_head=m["n_head"],
-    )
-    model = GPT2LMHeadModel(config)
-    state = get_fp32_state_dict_from_zero_checkpoint(str(out_dir), tag=tag)
-    model.load_state_dict(state, strict=False)
-    return model.eval()
 
 
 def reference_val_loss(model, val_bin, block_size: int, windows: int) -> float:

@@ -21,11 +21,17 @@ import time
 import uuid
 from pathlib import Path
 
-import ds_launch
 import pytest
-from conftest import read_metrics
-from ds_launch import REPO, VENV_BIN, free_port, remove_shm_buffers, run_deepspeed
-from sshd_loopback import sshd_fixture
+from helpers.launch import (
+    REPO,
+    VENV_BIN,
+    free_port,
+    launch_env,
+    remove_shm_buffers,
+    run_deepspeed,
+)
+from helpers.runs import train_losses, val_losses
+from helpers.sshd import sshd_fixture
 
 pytestmark = pytest.mark.slow
 ssh_loopback = sshd_fixture()
@@ -74,14 +80,6 @@ def explain(proc: subprocess.CompletedProcess) -> str:
     return f"rc={proc.returncode}\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
 
 
-def losses(out_dir: Path) -> dict[int, float]:
-    return {r["iter"]: r["loss"] for r in read_metrics(out_dir) if "loss" in r}
-
-
-def evals(out_dir: Path) -> dict[int, float]:
-    return {r["iter"]: r["val_loss"] for r in read_metrics(out_dir) if "val_loss" in r}
-
-
 def rank_lines(stdout: str) -> set[tuple[int, int]]:
     """(rank, node) pairs from train.py's `rank R/W on host H node N ...` lines."""
     found = re.findall(r"rank (\d+)/2 on host \S+ node (\d+)", stdout)
@@ -89,12 +87,12 @@ def rank_lines(stdout: str) -> set[tuple[int, int]]:
 
 
 def assert_same_run(out: Path, ref: Path) -> None:
-    a, b = losses(out), losses(ref)
+    a, b = train_losses(out), train_losses(ref)
     assert sorted(a) == list(range(1, 7)), a
     assert sorted(a) == sorted(b)
     for it in a:
         assert math.isclose(a[it], b[it], rel_tol=0, abs_tol=1e-5), (it, a[it], b[it])
-    ea, eb = evals(out), evals(ref)
+    ea, eb = val_losses(out), val_losses(ref)
     assert sorted(ea) == [3, 6] and sorted(ea) == sorted(eb), (ea, eb)
     for it in ea:
         assert math.isclose(ea[it], eb[it], rel_tol=0, abs_tol=1e-5), (it, ea[it], eb[it])
@@ -120,7 +118,7 @@ def test_pdsh_ranks_get_the_venv_python_and_deepspeed_env(ssh_loopback, tmp_path
     mark, ext_dir = uuid.uuid4().hex, str(tmp_path / "ext")
     ds_env = tmp_path / "ds_env"
     ds_env.write_text(f"TORCH_EXTENSIONS_DIR={ext_dir}\nGPT_DS_MARK={mark}\n")
-    env = ds_launch.test_env()
+    env = launch_env()
     env.pop("TORCH_EXTENSIONS_DIR")  # whatever arrives came through the file
     env["DS_ENV_FILE"] = str(ds_env)  # absolute: DeepSpeed reads it, not ~/.deepspeed_env
     port = free_port()
@@ -156,7 +154,7 @@ def test_two_nodes_over_pdsh_train_like_one_node(
     `deepspeed --hostfile H --master_addr 127.0.0.1 --master_port P gpt_ds/train.py ...`."""
     out = tmp_path / "out"
     port = free_port()
-    env = ds_launch.test_env()
+    env = launch_env()
     env.update(
         HOSTFILE=str(hostfile(tmp_path)),
         MASTER_ADDR="127.0.0.1",
@@ -186,7 +184,7 @@ def test_two_nodes_without_ssh_train_like_one_node(
     """launchers/run_node.sh on each "node" (DeepSpeed --no_ssh --node_rank), no ssh at all."""
     out = tmp_path / "out"
     port = free_port()
-    env = ds_launch.test_env()
+    env = launch_env()
     env.update(MASTER_PORT=str(port), GPUS_PER_NODE="1", MIN_FREE_GB="0.1", NET_IF="lo")
     node = [str(REPO / "launchers" / "run_node.sh")]
     args = ["127.0.0.1", "2", "--", *train_args(shakespeare_dir, out)]
@@ -245,7 +243,7 @@ def test_slurm_batch_script_checkpoints_on_its_warning_signal(shakespeare_dir, t
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     out, port = tmp_path / "out", free_port()
-    env = ds_launch.test_env()
+    env = launch_env()
     env.update(
         PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
         SLURM_JOB_ID="4242",
@@ -270,7 +268,7 @@ def test_slurm_batch_script_checkpoints_on_its_warning_signal(shakespeare_dir, t
         )
     try:
         deadline = time.monotonic() + 600
-        while len(losses(out) if (out / "metrics.jsonl").exists() else {}) < 3:
+        while len(train_losses(out, tolerate_partial_last_line=True)) < 3:
             assert job.poll() is None, log.read_text()[-6000:]
             assert time.monotonic() < deadline, log.read_text()[-6000:]
             time.sleep(1)

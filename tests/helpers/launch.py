@@ -1,8 +1,8 @@
 """Launch real DeepSpeed runs from tests: free ports, an isolated JIT cache, no leaked /dev/shm.
 
-Every test that starts ranks goes through `run_deepspeed` (or `python_cmd` for one process) so
+Every test that starts ranks goes through `run_deepspeed` (or `run_python` for one process) so
 that each launch uses its own port and its shared-memory buffers are removed afterwards, even
-when a rank was killed.
+when a rank was killed. `tiny_run_args` gives the arguments of a small, fast CPU run.
 """
 
 from __future__ import annotations
@@ -13,19 +13,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "gpt_ds" / "train.py"
 VENV_BIN = Path(sys.executable).parent
+# --max_iters of conftest's `stage_run`: one run per ZeRO stage per session
+STAGE_RUN_ITERS = 24
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now (bound once on 127.0.0.1 to ask the kernel)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (bound once on `host` to ask the kernel)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def test_env() -> dict[str, str]:
+def launch_env() -> dict[str, str]:
     """The environment every launched rank gets: venv first on PATH, a per-venv JIT cache."""
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -45,6 +47,7 @@ def shm_buffers(master_addr: str, port: int) -> list[Path]:
 
 
 def remove_shm_buffers(master_addr: str, port: int) -> None:
+    """Unlink the buffers `shm_buffers` finds (the ranks are gone, or will not need them)."""
     for p in shm_buffers(master_addr, port):
         p.unlink(missing_ok=True)
 
@@ -74,7 +77,7 @@ def run_deepspeed(
         proc = subprocess.run(
             cmd,
             cwd=REPO,
-            env=env or test_env(),
+            env=env or launch_env(),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -89,12 +92,17 @@ def run_deepspeed(
     return proc
 
 
-def run_python(args: list[str], timeout: float = 600, check: bool = True, env=None):
+def run_python(
+    args: list[str],
+    timeout: float = 600,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     """`python args...` in the repo with the test environment; output captured."""
     proc = subprocess.run(
         [sys.executable, *args],
         cwd=REPO,
-        env=env or test_env(),
+        env=env or launch_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -105,3 +113,32 @@ def run_python(args: list[str], timeout: float = 600, check: bool = True, env=No
             f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def tiny_run_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
+    """Command-line arguments for a small, fast, deterministic CPU run (fp32)."""
+    args = {
+        "deepspeed_config": "ds_configs/zero2.json",
+        "model": "gpt2-tiny",
+        "block_size": 64,
+        "micro_batch_size": 4,
+        "grad_accum": 1,
+        "max_iters": 20,
+        "eval_interval": 10,
+        "eval_iters": 4,
+        "log_interval": 1,
+        "lr": 2e-3,
+        "warmup_iters": 4,
+        "seed": 1337,
+        "precision": "fp32",
+        "data_dir": str(data_dir),
+        "out_dir": str(out_dir),
+    }
+    args.update(overrides)
+    argv = []
+    for k, v in args.items():
+        if v is True:
+            argv.append(f"--{k}")
+        elif v is not None and v is not False:
+            argv += [f"--{k}", str(v)]
+    return argv

@@ -31,10 +31,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.launch import free_port
+
 SSHD = "/usr/sbin/sshd"
 PACKAGES = {SSHD: "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
             "pdsh": "pdsh"}  # fmt: skip
 NODES = ("127.0.0.1", "127.0.0.2")
+# The fence keeps this file's old name: blocks left by killed runs of earlier versions still match.
 _BEGIN = "# >>> gpt_ds tests/sshd_loopback.py pid={pid} >>>"
 _END = "# <<< gpt_ds tests/sshd_loopback.py pid={pid} <<<"
 _BLOCK_RE = re.compile(
@@ -70,12 +73,6 @@ def ensure_packages(packages: dict[str, str] = PACKAGES) -> None:
         proc = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise Unavailable(f"apt-get install {' '.join(missing)} failed: {proc.stderr[-500:]}")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def ssh_config_path() -> Path:

@@ -1,0 +1,121 @@
+"""A training run in the background that a test (or the fault drill) can kill, signal and watch.
+
+`Launch` starts `deepspeed --num_gpus N gpt_ds/train.py ...` (or `python gpt_ds/train.py` for
+one rank) in its own session with output to a log file, finds its ranks and launcher by command
+line, waits for conditions on the run's files, and at the end kills whatever is left and
+removes the launch's /dev/shm buffers (only then: a test may first assert what a kill left).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers.launch import REPO, TRAIN, VENV_BIN, free_port, launch_env, shm_buffers
+
+
+class Launch:
+    """One training run in the background, in its own session, output to a log file."""
+
+    def __init__(self, args: list[str], log: Path, num_gpus: int = 2):
+        self.port = free_port()
+        self.log = log
+        env = launch_env()
+        if num_gpus == 1:  # plain `python train.py`: a world of one, port fixed for the shm name
+            cmd = [sys.executable, str(TRAIN), *args]
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
+        else:
+            cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(num_gpus)]
+            cmd += ["--master_port", str(self.port), str(TRAIN), *args]
+        with log.open("w") as f:
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.seen: dict[int, psutil.Process] = {}
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def processes(self) -> list[psutil.Process]:
+        """The launcher's live descendants (also remembered, to wait for orphans later)."""
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            kids = []
+        for k in kids:
+            self.seen.setdefault(k.pid, k)
+        return kids
+
+    def _find(self, needle: str) -> psutil.Process:
+        for p in self.processes():
+            try:
+                if needle in p.cmdline():
+                    return p
+            except psutil.Error:
+                continue
+        raise LookupError(f"no process with {needle!r} under {self.proc.pid}")
+
+    def rank(self, r: int) -> psutil.Process:
+        """Rank r's Python process (the launcher gives it `--local_rank=r`)."""
+        return self._find(f"--local_rank={r}")
+
+    def launcher(self) -> psutil.Process:
+        """DeepSpeed's per-node launcher, `python -m deepspeed.launcher.launch`."""
+        return self._find("deepspeed.launcher.launch")
+
+    def wait_for(self, condition, what: str, timeout: float = 180, poll: float = 0.005) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.proc.poll() is not None:
+                rc = self.proc.returncode
+                pytest.fail(f"the run ended (rc={rc}) before {what}:\n" + self.tail())
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out waiting for {what}:\n" + self.tail())
+            time.sleep(poll)
+
+    def finish(self, timeout: float = 300) -> int:
+        """Exit status of the command; also waits for every rank it started (they can outlive
+        `deepspeed` after a Ctrl-C)."""
+        self.processes()
+        rc = self.proc.wait(timeout)
+        _, alive = psutil.wait_procs(list(self.seen.values()), timeout=60)
+        assert not alive, f"processes outlived the run: {alive}"
+        return rc
+
+    def finish_ok(self, timeout: float = 300) -> Launch:
+        rc = self.finish(timeout)
+        assert rc == 0, f"run failed (rc={rc}):\n{self.tail()}"
+        assert self.shm() == [], "a rank left its /dev/shm buffer after a normal end"
+        return self
+
+    def tail(self, chars: int = 6000) -> str:
+        return self.output[-chars:]
+
+    def shm(self) -> list[Path]:
+        """This launch's DeepSpeed buffers still in /dev/shm."""
+        return shm_buffers("127.0.0.1", self.port)
+
+    def shm_of(self, ranks) -> list[Path]:
+        uid = os.getuid()
+        name = f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{self.port}_{{}}"
+        return sorted(Path("/dev/shm") / name.format(r) for r in ranks)
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        for p in self.seen.values():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        for p in self.shm():
+            p.unlink(missing_ok=True)

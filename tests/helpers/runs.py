@@ -1,0 +1,48 @@
+"""What a training run left in its out_dir: logged values by iteration, consolidated weights.
+
+Each reads `metrics.jsonl` through `gpt_ds.metrics.read_metrics`; a re-run iteration (after a
+resume) keeps its latest value.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpt_ds.metrics import read_metrics
+
+
+def train_losses(out: Path, tolerate_partial_last_line: bool = False) -> dict[int, float]:
+    """iteration -> logged training loss (pass True while the run is still writing)."""
+    records = read_metrics(out, tolerate_partial_last_line)
+    return {r["iter"]: r["loss"] for r in records if "loss" in r}
+
+
+def train_lrs(out: Path) -> dict[int, float]:
+    """iteration -> logged learning rate."""
+    return {r["iter"]: r["lr"] for r in read_metrics(out) if "lr" in r}
+
+
+def val_losses(out: Path) -> dict[int, float]:
+    """iteration -> logged validation loss."""
+    return {r["iter"]: r["val_loss"] for r in read_metrics(out) if "val_loss" in r}
+
+
+def consolidated_model(out_dir, tag: str):
+    """GPT2LMHeadModel holding the fp32 weights DeepSpeed's own converter gathers from `tag`."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    manifest = json.loads((out_dir / tag / "gpt_ds.json").read_text())
+    m = manifest["model"]
+    config = GPT2Config(
+        vocab_size=m["vocab_size"],
+        n_positions=m["block_size"],
+        n_embd=m["n_embd"],
+        n_layer=m["n_layer"],
+        n_head=m["n_head"],
+    )
+    model = GPT2LMHeadModel(config)
+    state = get_fp32_state_dict_from_zero_checkpoint(str(out_dir), tag=tag)
+    model.load_state_dict(state, strict=False)
+    return model.eval()
