@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from gpt_ds.errors import DataError
+from gpt_ds.token_format import DTYPE, FORMAT
 
-FORMAT = "gpt_ds.tokens"
 SCAN_CHUNK = 1 << 24  # tokens per chunk when checking ids (32 MB of uint16)
 
 
@@ -44,7 +44,7 @@ def load_token_data(data_dir: str | Path, vocab_size: int, block_size: int) -> T
     except (OSError, json.JSONDecodeError) as exc:
         raise DataError(f"{meta_path}: cannot read dataset description: {exc}") from exc
     hint = f"re-create it with: python tools/prepare_data.py --out_dir {data_dir}"
-    if meta.get("format") != FORMAT or meta.get("dtype") != "uint16":
+    if meta.get("format") != FORMAT or meta.get("dtype") != DTYPE:
         raise DataError(f"{meta_path}: not a gpt_ds token dataset (format/dtype); {hint}")
     if meta.get("tokenizer") != "gpt2" or meta.get("tokenizer_sha256") != tokenizer_fingerprint():
         raise DataError(
@@ -70,7 +70,7 @@ def load_token_data(data_dir: str | Path, vocab_size: int, block_size: int) -> T
                 f"{path}: {expected} tokens, fewer than one block of {block_size} + 1; "
                 "use more data, a larger --val_fraction, or a smaller --block_size"
             )
-        tokens = np.memmap(path, dtype=np.uint16, mode="r")
+        tokens = np.memmap(path, dtype=DTYPE, mode="r")
         _check_ids(tokens, vocab_size, path)
         splits[split] = tokens
     return TokenData(train=splits["train"], val=splits["val"], meta=meta)

@@ -22,14 +22,11 @@ from helpers.sshd import Unavailable, ensure_packages, sshd_fixture
 
 from gpt_ds.errors import ConfigError
 from gpt_ds.hostfile import parse_hostfile_text, read_hostfile, resource_pool
-from gpt_ds.preflight import (
-    Check,
-    HostReport,
+from gpt_ds.preflight_checks import Check, HostReport, PreflightResult, format_report
+from gpt_ds.preflight_probe import (
     MasterListener,
-    PreflightResult,
     deepspeed_exports,
     ds_quote,
-    format_report,
     parse_probe_output,
     probe_script,
     remote_command,

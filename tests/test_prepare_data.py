@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt_ds import prepare
+from gpt_ds import prepare_inputs as prepare
 from gpt_ds.errors import DataError
-from gpt_ds.prepare import iter_safe_chunks, prepare_dataset
+from gpt_ds.prepare import prepare_dataset
+from gpt_ds.prepare_inputs import iter_safe_chunks
 from gpt_ds.tokenizer import DEFAULT_CORPUS, EOT_TOKEN, get_encoding, tokenizer_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
