@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import sys
 import types
 import typing
@@ -91,7 +92,9 @@ def _argument(f: dataclasses.Field, hint: Any) -> tuple[list[str], dict[str, Any
 def build_parser(cls: type, description: str | None = None, prog: str | None = None):
     """An argparse parser with one argument per field of the dataclass `cls`."""
     parser = argparse.ArgumentParser(
-        prog=prog, description=description or cls.__doc__, formatter_class=_HelpFormatter
+        prog=prog,
+        description=description or inspect.cleandoc(cls.__doc__ or ""),
+        formatter_class=_HelpFormatter,
     )
     hints = get_type_hints(cls)
     sections: dict[str, Any] = {}

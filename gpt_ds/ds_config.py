@@ -12,23 +12,16 @@ misspelled top-level section and coerces "2" to 2; the schema rejects both.
 from __future__ import annotations
 
 import copy
-import difflib
 import importlib.util
-import json
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
-import jsonschema
-
+from gpt_ds.config import CLI_FLAGS, RunSettings
+from gpt_ds.ds_schema import validate_ds_config
 from gpt_ds.errors import ConfigError
-
-PRESET_DIR = Path(__file__).resolve().parents[1] / "ds_configs"
-SCHEMA_PATH = PRESET_DIR / "schema.json"
-PRESETS = ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
+from gpt_ds.precision import detect_precision
 
 DEFAULT_MICRO_BATCH = 4
 DEFAULT_GRAD_ACCUM = 1
@@ -36,39 +29,7 @@ DEFAULT_LR = 6e-4
 DEFAULT_MIN_LR_FRACTION = 0.1  # min_lr = lr / 10, as in GPT-3 / nanoGPT
 DEFAULT_MAX_WARMUP = 100  # warmup = min(100, max_iters // 10)
 DEFAULT_GRAD_CLIP = 1.0
-PRECISIONS = ("bf16", "fp16", "fp32")
 
-# The command-line flag behind each RunSettings field, for messages ("... but --lr 3e-4 was given").
-CLI_FLAGS = {
-    "micro_batch_size": "--micro_batch_size",
-    "grad_accum": "--grad_accum",
-    "lr": "--lr",
-    "min_lr": "--min_lr",
-    "warmup_iters": "--warmup_iters",
-    "max_iters": "--max_iters",
-    "grad_clip": "--grad_clip",
-    "precision": "--precision",
-    "world_size": "world size",
-}
-
-# Keys DeepSpeed 0.19 dropped or renamed: a clearer message than "unknown key".
-_REMOVED_KEYS = {
-    "bfloat16": "old name of 'bf16'; rename it",
-    "amp": "Apex AMP was removed from DeepSpeed 0.19; use 'bf16' or 'fp16'",
-    "elasticity": "elastic training was removed from DeepSpeed 0.19; set the batch keys directly",
-    "sparse_attention": "removed from DeepSpeed 0.19; delete it",
-    "curriculum_learning": "removed from DeepSpeed 0.19 (use data_efficiency.data_sampling)",
-    "progressive_layer_drop": "removed from DeepSpeed 0.19; delete it",
-    "compression_training": "removed from DeepSpeed 0.19; delete it",
-    "quantize_training": "removed from DeepSpeed 0.19; delete it",
-    "sparse_gradients": "removed from DeepSpeed 0.19; delete it",
-    "eigenvalue": "removed from DeepSpeed 0.19; delete it",
-    "nebula": "removed from DeepSpeed 0.19; delete it",
-    "graph_harvesting": "removed from DeepSpeed 0.19; delete it",
-    "mics_shard_size": "MiCS was removed from DeepSpeed 0.19; delete it",
-    "mics_hierarchical_params_gather": "MiCS was removed from DeepSpeed 0.19; delete it",
-    "zeropp_loco_param": "LoCo-ZeRO++ was removed from DeepSpeed 0.19; delete it",
-}
 
 # Monitor sections whose package DeepSpeed imports only inside deepspeed.initialize.
 _MONITOR_PACKAGES = {
@@ -76,58 +37,6 @@ _MONITOR_PACKAGES = {
     "wandb": ("wandb", "wandb", None),
     "comet": ("comet_ml", "comet_ml", (3, 41, 0)),
 }
-
-
-@dataclass(kw_only=True)
-class RunSettings:
-    """What the run decides for the DeepSpeed config: command-line values and the launcher's world
-    size. None means "not given": the config's concrete value, or a default, is used."""
-
-    world_size: int
-    """Data-parallel ranks (WORLD_SIZE from the launcher)."""
-    micro_batch_size: int | None = None
-    """Sequences per rank per forward/backward (train_micro_batch_size_per_gpu)."""
-    grad_accum: int | None = None
-    """Micro batches per optimizer step (gradient_accumulation_steps)."""
-    lr: float | None = None
-    """Peak learning rate (optimizer.params.lr)."""
-    min_lr: float | None = None
-    """Learning rate at the end of the cosine (scheduler cos_min_ratio = min_lr / lr)."""
-    warmup_iters: int | None = None
-    """Linear warmup steps (scheduler warmup_num_steps)."""
-    max_iters: int
-    """Optimizer steps of the whole run (scheduler total_num_steps)."""
-    grad_clip: float | None = None
-    """Global gradient-norm clip (gradient_clipping); 0 disables it."""
-    precision: str | None = None
-    """None or "auto": detect from the hardware; "bf16", "fp16" or "fp32": forced."""
-    load_universal: bool = False
-    """Resume from a universal checkpoint (checkpoint.load_universal): another world size."""
-
-    def problems(self) -> list[str]:
-        """Every out-of-range value, named by its command-line flag: the one check of the run's
-        values that the DeepSpeed config depends on (config.validate uses it too)."""
-        problems: list[str] = []
-
-        def check(name: str, ok, what: str, optional: bool = True) -> None:
-            value = getattr(self, name)
-            if (value is None and optional) or (value is not None and ok(value)):
-                return
-            problems.append(f"{CLI_FLAGS[name]} must be {what}, got {value!r}")
-
-        def positive_int(v) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-        check("world_size", positive_int, "a positive integer", optional=False)
-        check("max_iters", positive_int, "a positive integer", optional=False)
-        check("micro_batch_size", positive_int, "a positive integer")
-        check("grad_accum", positive_int, "a positive integer")
-        check("warmup_iters", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
-        check("lr", lambda v: v > 0, "> 0")
-        check("min_lr", lambda v: v >= 0, ">= 0")
-        check("grad_clip", lambda v: v >= 0, ">= 0 (0 disables clipping)")
-        check("precision", lambda v: v in (*PRECISIONS, "auto"), "one of auto, bf16, fp16, fp32")
-        return problems
 
 
 @dataclass
@@ -152,183 +61,6 @@ class ResolvedDsConfig:
     @property
     def zero_stage(self) -> int:
         return int(self.config.get("zero_optimization", {}).get("stage", 0))
-
-
-# ----------------------------------------------------------------------------------------------
-# Loading and schema validation
-
-
-def preset_path(name_or_path: str | Path) -> Path:
-    """`zero2` -> ds_configs/zero2.json; anything else is taken as a path."""
-    if str(name_or_path) in PRESETS:
-        return PRESET_DIR / f"{name_or_path}.json"
-    return Path(name_or_path)
-
-
-def load_ds_config(path: str | Path) -> dict:
-    """Read a DeepSpeed JSON config and check it against the schema; raise one ConfigError with
-    every problem (missing file, JSON syntax with file:line:col, each schema violation)."""
-    path = Path(path)
-    source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            [f"{path}: no such file (presets in {PRESET_DIR}: {', '.join(PRESETS)})"], source
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError([f"{path}: cannot read: {e}"], source) from None
-
-    duplicates: list[str] = []
-
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
-        seen: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in seen:
-                duplicates.append(key)
-            seen[key] = value
-        return seen
-
-    try:
-        raw = json.loads(text, object_pairs_hook=no_duplicates)
-    except json.JSONDecodeError as e:
-        raise ConfigError([f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}"], source) from None
-    problems = [f"{key}: duplicate key (JSON keeps only the last one)" for key in duplicates]
-    problems += validate_ds_config(raw)
-    if problems:
-        raise ConfigError(problems, source)
-    return raw
-
-
-@lru_cache(maxsize=1)
-def _validator() -> jsonschema.Draft202012Validator:
-    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-    return jsonschema.Draft202012Validator(schema)
-
-
-def validate_ds_config(raw: Any) -> list[str]:
-    """Every schema problem of a config, one line each, `json.path: what is wrong`."""
-    errors = sorted(_validator().iter_errors(raw), key=lambda e: _json_path(e.absolute_path))
-    lines: list[str] = []
-    for error in errors:
-        for line in _describe(error):
-            if line not in lines:
-                lines.append(line)
-    return lines
-
-
-def _json_path(parts) -> str:
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _describe(error: jsonschema.ValidationError) -> list[str]:
-    where = _json_path(error.absolute_path)
-    if error.validator == "additionalProperties":
-        known = sorted(error.schema.get("properties", {}))
-        return [_unknown_key(where, key, known) for key in error.instance if key not in known]
-    if error.validator in ("anyOf", "oneOf"):
-        return _describe_alternatives(error, where)
-    return [f"{where or '(top level)'}: {error.message}"]
-
-
-def _unknown_key(where: str, key: str, known: list[str]) -> str:
-    if key in _REMOVED_KEYS:
-        return f"{_join(where, key)}: unknown key ({_REMOVED_KEYS[key]})"
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    if close:
-        return f"{_join(where, key)}: unknown key (did you mean '{close[0]}'?)"
-    if len(known) <= 15:
-        return f"{_join(where, key)}: unknown key (known here: {', '.join(known)})"
-    return f"{_join(where, key)}: unknown key (see ds_configs/schema.json)"
-
-
-def _describe_alternatives(error: jsonschema.ValidationError, where: str) -> list[str]:
-    """`anyOf` failures: report the branch that matched the value's kind (an object with a bad
-    field), not "is not valid under any of the given schemas"."""
-    branches: dict[int, list[jsonschema.ValidationError]] = {}
-    for sub in error.context or []:
-        branches.setdefault(sub.relative_schema_path[0], []).append(sub)
-
-    def wrong_kind(errs: list[jsonschema.ValidationError]) -> bool:
-        return (
-            len(errs) == 1 and not errs[0].relative_path and errs[0].validator in ("type", "const")
-        )
-
-    relevant = [errs for errs in branches.values() if not wrong_kind(errs)]
-    if relevant:
-        return [line for sub in relevant[0] for line in _describe(sub)]
-    # Wrong kind for every branch: '4' where an integer or "auto" is expected.
-    types = [e.validator_value for errs in branches.values() for e in errs if e.validator == "type"]
-    consts = [
-        e.validator_value for errs in branches.values() for e in errs if e.validator == "const"
-    ]
-    wanted = [f"of type {t!r}" for t in types] + [f"the string {json.dumps(c)}" for c in consts]
-    return [f"{where or '(top level)'}: {error.instance!r} is not {' or '.join(wanted)}"]
-
-
-# ----------------------------------------------------------------------------------------------
-# Precision detection
-
-
-def detect_precision() -> tuple[str, str]:
-    """The training precision this machine runs best, and why: ("bf16"|"fp16"|"fp32", reason).
-
-    Uses the accelerator DeepSpeed will use. CUDA/ROCm: bf16 where the GPU has it natively
-    (Ampere+, every ROCm GPU), else fp16. CPU: bf16 when the CPU reports AMX-BF16 or AVX512-BF16
-    (or Arm BF16), else fp32.
-    """
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    device = accelerator.device_name()
-    if device == "cpu":
-        return _cpu_precision(_read_cpuinfo())
-    if device == "cuda":
-        import torch
-
-        kind = "ROCm" if torch.version.hip else "CUDA"
-        name = torch.cuda.get_device_name()
-        # The default including_emulation=True answers True on a V100, where bf16 is emulated.
-        if torch.cuda.is_bf16_supported(including_emulation=False):
-            return "bf16", f"{kind} device {name} supports bf16"
-        return "fp16", f"{kind} device {name} has no native bf16; fp16 with dynamic loss scaling"
-    if accelerator.is_bf16_supported():
-        return "bf16", f"{device} accelerator supports bf16"
-    if accelerator.is_fp16_supported():
-        return "fp16", f"{device} accelerator supports fp16 but not bf16"
-    return "fp32", f"{device} accelerator supports neither bf16 nor fp16"
-
-
-def _read_cpuinfo() -> str | None:
-    try:
-        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-
-
-def _cpu_precision(cpuinfo: str | None) -> tuple[str, str]:
-    """Precision for a CPU run from /proc/cpuinfo text (x86 `flags`, Arm `Features`)."""
-    if cpuinfo is None:
-        return "fp32", "no GPU and /proc/cpuinfo is unreadable: cannot tell whether bf16 is native"
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    if "amx_bf16" in flags:
-        return "bf16", "CPU reports AMX-BF16"
-    if "avx512_bf16" in flags:
-        return "bf16", "CPU reports AVX512-BF16"
-    if "bf16" in flags:
-        return "bf16", "CPU reports Arm BF16"
-    return "fp32", "no GPU, and the CPU reports neither amx_bf16 nor avx512_bf16 (bf16 is emulated)"
 
 
 # ----------------------------------------------------------------------------------------------

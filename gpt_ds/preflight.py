@@ -21,7 +21,6 @@ options of `PreflightOptions`. The probe and how it reaches the nodes are in
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import socket
 import sys
@@ -223,8 +222,7 @@ def run_preflight(opts: PreflightOptions, env: dict[str, str] | None = None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """0: every host ready; 1: some check failed (fix: lines printed); 2: bad input."""
-    about = inspect.cleandoc(PreflightOptions.__doc__ or "")
-    opts = parse(PreflightOptions, argv, prog="tools/preflight.py", description=about)
+    opts = parse(PreflightOptions, argv, prog="tools/preflight.py")
 
     def job() -> int:
         result = run_preflight(opts)

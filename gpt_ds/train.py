@@ -37,7 +37,8 @@ from gpt_ds.checkpoint import (
 )
 from gpt_ds.config import RunConfig, parse_args, run_settings, validate
 from gpt_ds.data import load_token_data
-from gpt_ds.ds_config import load_ds_config, preset_path, resolve_ds_config
+from gpt_ds.ds_config import resolve_ds_config
+from gpt_ds.ds_schema import load_ds_config, preset_path
 from gpt_ds.errors import CheckpointError, GptDsError
 from gpt_ds.model import ModelShape, pretrained_shape, resolve_shape
 from gpt_ds.trainer import RunPlan, Trainer

@@ -12,17 +12,10 @@ import pytest
 from helpers.launch import free_port, launch_env, remove_shm_buffers, run_python
 
 from gpt_ds import ds_config
-from gpt_ds.ds_config import (
-    PRESETS,
-    SCHEMA_PATH,
-    ResolvedDsConfig,
-    RunSettings,
-    detect_precision,
-    load_ds_config,
-    preset_path,
-    resolve_ds_config,
-)
+from gpt_ds.ds_config import ResolvedDsConfig, RunSettings, resolve_ds_config
+from gpt_ds.ds_schema import PRESETS, SCHEMA_PATH, load_ds_config, preset_path
 from gpt_ds.errors import ConfigError
+from gpt_ds.precision import cpu_precision, detect_precision
 
 STAGES = {"zero1": 1, "zero2": 2, "zero2_offload": 2, "zero3": 3, "zero3_offload": 3}
 
@@ -448,7 +441,7 @@ def test_cli_precision_forces(monkeypatch):
     ],
 )
 def test_cpu_precision_from_cpuinfo(cpuinfo, expected):
-    precision, reason = ds_config._cpu_precision(cpuinfo)
+    precision, reason = cpu_precision(cpuinfo)
     assert precision == expected and reason
 
 
@@ -470,7 +463,8 @@ import torch
 from deepspeed.accelerator import get_accelerator
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gpt_ds.ds_config import RunSettings, load_ds_config, preset_path, resolve_ds_config
+from gpt_ds.ds_config import RunSettings, resolve_ds_config
+from gpt_ds.ds_schema import load_ds_config, preset_path
 
 failed = False
 for name in sys.argv[1:]:
