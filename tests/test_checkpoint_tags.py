@@ -1,0 +1,123 @@
+"""gpt_ds/checkpoint: the manifest round trip and the one tag lookup that training, export,
+sampling and the universal tool share (complete tags, `latest`, fall-back, file checks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpt_ds.checkpoint import Manifest, complete_tags, is_checkpoint_dir, resolve
+from gpt_ds.checkpoint.tags import partial_dirs
+from gpt_ds.errors import CheckpointError
+
+SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32, "vocab_size": 50257}
+
+
+def make_tag(out: Path, tag: str, iteration: int, manifest: bool = True) -> Path:
+    """A tag directory with one 'DeepSpeed' file of 10 bytes, and its manifest."""
+    d = out / tag
+    d.mkdir(parents=True)
+    (d / "mp_rank_00_model_states.pt").write_bytes(b"0123456789")
+    if manifest:
+        Manifest(
+            tag=tag,
+            iteration=iteration,
+            world_size=2,
+            zero_stage=2,
+            model=SHAPE,
+            config={"seed": 1},
+            files={"mp_rank_00_model_states.pt": 10},
+        ).write(d)
+    return d
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    out = tmp_path / "run"
+    make_tag(out, "iter_2", 2)
+    make_tag(out, "iter_10", 10)
+    make_tag(out, "final", 12)
+    make_tag(out, "iter_4.partial", 4)  # a staging directory, even with a manifest
+    make_tag(out, "iter_6", 6, manifest=False)  # a save that never finished
+    (out / "latest").write_text("final")
+    return out
+
+
+def test_manifest_round_trip_keeps_the_file_format(run):
+    data = json.loads((run / "final" / "gpt_ds.json").read_text())
+    assert data["model"] == SHAPE and data["iteration"] == 12 and data["universal"] is False
+    m = Manifest.read(run / "final")
+    assert m.shape.n_embd == 64 and m.files == {"mp_rank_00_model_states.pt": 10}
+    assert Manifest.read(run / "iter_6") is None
+    (run / "iter_6" / "gpt_ds.json").write_text("{not json")
+    assert Manifest.read(run / "iter_6") is None
+
+
+def test_complete_tags_skip_partial_and_unfinished(run):
+    assert complete_tags(run) == ["iter_2", "iter_10", "final"]  # by iteration, not by name
+    assert [p.name for p in partial_dirs(run)] == ["iter_4.partial", "iter_6"]
+    assert is_checkpoint_dir(run) and is_checkpoint_dir(run / "final")
+    assert not is_checkpoint_dir(run / "iter_6")
+
+
+def test_resolve_latest_a_named_tag_and_a_tag_directory(run):
+    assert resolve(run).tag == "final"
+    assert resolve(run, "iter_10").manifest.iteration == 10
+    ref = resolve(run / "iter_2")
+    assert (ref.out_dir, ref.tag) == (run, "iter_2")
+    with pytest.raises(CheckpointError, match="is the checkpoint of tag 'iter_2', not 'final'"):
+        resolve(run / "iter_2", "final")
+
+
+@pytest.mark.parametrize(
+    "tag,message",
+    [
+        ("iter_3", "--tag iter_3: no complete checkpoint with that tag in {run} "),
+        ("iter_4.partial", "--tag iter_4.partial: no complete checkpoint with that tag"),
+        ("iter_6", "{run}/iter_6: incomplete checkpoint (no gpt_ds.json: its save did not finish)"),
+    ],
+)
+def test_a_named_tag_that_is_not_complete_is_refused(run, tag, message):
+    with pytest.raises(CheckpointError) as e:
+        resolve(run, tag, fall_back=True)
+    assert message.format(run=run) in str(e.value)
+    assert "(complete tags: iter_2, iter_10, final)" in str(e.value)
+
+
+def test_a_file_of_the_wrong_size_is_refused_when_named(run):
+    (run / "final" / "mp_rank_00_model_states.pt").write_bytes(b"012")
+    with pytest.raises(CheckpointError, match="has 3 bytes, manifest says 10"):
+        resolve(run, "final")
+    (run / "final" / "mp_rank_00_model_states.pt").unlink()
+    with pytest.raises(CheckpointError, match="mp_rank_00_model_states.pt missing"):
+        resolve(run)  # `latest` without fall-back: the same refusal
+
+
+def test_latest_falls_back_to_the_newest_loadable_tag_and_says_so(run):
+    (run / "final" / "mp_rank_00_model_states.pt").unlink()
+    notes: list[str] = []
+    ref = resolve(run, fall_back=True, note=notes.append)
+    assert ref.tag == "iter_10"
+    assert len(notes) == 1 and "using the newest complete tag 'iter_10'" in notes[0]
+    assert "mp_rank_00_model_states.pt missing" in notes[0]
+    (run / "latest").unlink()
+    assert resolve(run, fall_back=True, note=notes.append).tag == "iter_10"
+    assert "there is no `latest` file" in notes[-1]
+
+
+def test_no_latest_and_nothing_to_fall_back_to(run, tmp_path):
+    (run / "latest").unlink()
+    with pytest.raises(CheckpointError) as e:
+        resolve(run)
+    assert str(e.value) == (
+        f"{run}: no `latest` file names a checkpoint; give --tag "
+        "(complete tags: iter_2, iter_10, final)"
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="--resume: no complete checkpoint in"):
+        resolve(empty, flag="--resume", fall_back=True, note=lambda _m: None)
+    with pytest.raises(CheckpointError, match="checkpoint directory .* does not exist"):
+        resolve(tmp_path / "nope")
