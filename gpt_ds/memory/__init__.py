@@ -12,7 +12,7 @@ One module per job; dependencies flow down this list, and nothing here imports t
 * `measure`: `measured_model_state_bytes` of a live engine, through DeepSpeed's internals.
 * `hardware`: `Hardware`, the cluster a plan is for, and how much of its memory a plan may use.
 * `picker`: the candidates, `plan` -> `Plan` (fit, batch split, traffic, time, recommendation).
-* `report`: `format_plan`, a plan as the text `tools/pick_preset.py` prints.
+* `plan_text`: `format_plan`, a plan as the text `tools/pick_preset.py` prints.
 * `options`: `PickPresetOptions`, the flags of `tools/pick_preset.py` (gpt_ds/cli.py style).
 
 The names below are the package's public interface: import them from `gpt_ds.memory`.
@@ -63,7 +63,7 @@ from gpt_ds.memory.picker import (
     model_flags,
     plan,
 )
-from gpt_ds.memory.report import format_plan
+from gpt_ds.memory.plan_text import format_plan
 from gpt_ds.memory.settings import ZeroSettings, load_preset_settings
 
 __all__ = [

@@ -1,5 +1,5 @@
 """The ZeRO preset picker behind tools/pick_preset.py: every candidate's memory, fit, batch
-split, traffic and time on a given cluster, and one recommendation (as text: report.py)."""
+split, traffic and time on a given cluster, and one recommendation (as text: plan_text.py)."""
 
 from __future__ import annotations
 
