@@ -10,8 +10,10 @@ One module per job; dependencies flow down this list, and nothing here imports t
   is written out in that module's docstring); the trainer's start-up estimate.
 * `communication`: bytes each GPU sends per optimizer step, and the seconds that takes.
 * `measure`: `measured_model_state_bytes` of a live engine, through DeepSpeed's internals.
-* `picker`: `Hardware`, the candidates, `plan` -> `Plan`, `format_plan`, and the options of
-  `tools/pick_preset.py`.
+* `hardware`: `Hardware`, the cluster a plan is for, and how much of its memory a plan may use.
+* `picker`: the candidates, `plan` -> `Plan` (fit, batch split, traffic, time, recommendation).
+* `plan_text`: `format_plan`, a plan as the text `tools/pick_preset.py` prints.
+* `options`: `PickPresetOptions`, the flags of `tools/pick_preset.py` (gpt_ds/cli.py style).
 
 The names below are the package's public interface: import them from `gpt_ds.memory`.
 """
@@ -32,32 +34,36 @@ from gpt_ds.memory.communication import (
 )
 from gpt_ds.memory.constants import PRECISION_BYTES, GiB
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, MemoryEstimate, estimate_run
-from gpt_ds.memory.layout import largest_module_params, parameter_layout
-from gpt_ds.memory.measure import measured_model_state_bytes
-from gpt_ds.memory.picker import (
-    CANDIDATES,
-    CPU_ADAM_PARAMS_PER_S,
+from gpt_ds.memory.hardware import (
     CPU_USABLE_FRACTION,
     CUDA_CONTEXT_BYTES,
-    DEFAULT_GPU_TFLOPS,
     DEFAULT_INTRA_NODE_GBPS,
     DEFAULT_NETWORK_GBPS,
     DEFAULT_PCIE_GBPS,
-    DS_CONFIG_DIR,
     GPU_USABLE_FRACTION,
+    Hardware,
+)
+from gpt_ds.memory.layout import largest_module_params, parameter_layout
+from gpt_ds.memory.measure import measured_model_state_bytes
+from gpt_ds.memory.options import PickPresetOptions
+from gpt_ds.memory.picker import (
+    CANDIDATES,
+    CPU_ADAM_PARAMS_PER_S,
+    DEFAULT_GPU_TFLOPS,
+    DS_CONFIG_DIR,
     MAX_MICRO_BATCH,
     RECOMPUTE_FACTOR,
     RULE,
     TIE_FRACTION,
     Candidate,
-    Hardware,
+    CandidateSpec,
     Plan,
     assumptions,
-    format_plan,
     launch_command,
     model_flags,
     plan,
 )
+from gpt_ds.memory.plan_text import format_plan
 from gpt_ds.memory.settings import ZeroSettings, load_preset_settings
 
 __all__ = [
@@ -82,8 +88,10 @@ __all__ = [
     "RULE",
     "TIE_FRACTION",
     "Candidate",
+    "CandidateSpec",
     "GiB",
     "Hardware",
+    "PickPresetOptions",
     "MemoryEstimate",
     "Plan",
     "ZeroSettings",

@@ -1,99 +1,52 @@
 """The ZeRO preset picker behind tools/pick_preset.py: every candidate's memory, fit, batch
-split, traffic and time on a given cluster, one recommendation, and the text that shows them."""
+split, traffic and time on a given cluster, and one recommendation (as text: plan_text.py)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpt_ds.errors import ConfigError
 from gpt_ds.memory.communication import comm_bytes_per_step, comm_seconds
 from gpt_ds.memory.constants import PRECISION_BYTES, GiB
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, MemoryEstimate, estimate_run
+from gpt_ds.memory.hardware import (
+    CPU_USABLE_FRACTION,
+    CUDA_CONTEXT_BYTES,
+    GPU_USABLE_FRACTION,
+    Hardware,
+)
 from gpt_ds.memory.settings import ZeroSettings, load_preset_settings
-from gpt_ds.model import ModelShape, flops_per_token
+from gpt_ds.model import ModelShape, flops_per_token, shape_problems
 
 DS_CONFIG_DIR = Path(__file__).resolve().parents[2] / "ds_configs"
 
-# Headroom: the CUDA context, cuBLAS workspaces and NCCL buffers (1 GiB) come off the card,
-# and only 90% of the rest is planned for (allocator fragmentation, transient peaks).
-CUDA_CONTEXT_BYTES = 1 * GiB
-GPU_USABLE_FRACTION = 0.90
-CPU_USABLE_FRACTION = 0.90  # leave 10% of each node's RAM to the OS, page cache, data loader
-
-# Time model (for ranking only; override on the command line).
-DEFAULT_NETWORK_GBPS = 100.0  # inter-node, per node (100 Gbit Ethernet / EDR InfiniBand)
-DEFAULT_INTRA_NODE_GBPS = 800.0  # per GPU, NVLink class; a PCIe-only server gets ~150
-DEFAULT_PCIE_GBPS = 128.0  # GPU <-> CPU, per GPU (PCIe 4.0 x16, effective)
+# Time model (for ranking only; the links are in gpt_ds/memory/hardware.py).
 DEFAULT_GPU_TFLOPS = {"bf16": 100.0, "fp16": 100.0, "fp32": 25.0}  # achieved, per GPU
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeedCPUAdam, per node
 RECOMPUTE_FACTOR = 4 / 3  # activation checkpointing re-runs the forward: 8 instead of 6 FLOPs
 
 
-@dataclass(frozen=True)
-class Hardware:
-    """The cluster a plan is for. GB here means GiB (2**30 bytes), as nvidia-smi reports."""
+class CandidateSpec(NamedTuple):
+    """One configuration the picker tries (each with and without activation checkpointing)."""
 
-    gpus_per_node: int
-    nodes: int
-    gpu_memory_gb: float
-    cpu_memory_gb: float | None = None
-    network_gbps: float | None = None
-    """Inter-node bandwidth per node, Gbit/s (None: DEFAULT_NETWORK_GBPS where nodes > 1)."""
-    intra_node_gbps: float = DEFAULT_INTRA_NODE_GBPS
-    pcie_gbps: float = DEFAULT_PCIE_GBPS
-    gpu_tflops: float | None = None
-    """Achieved dense TFLOP/s per GPU (None: DEFAULT_GPU_TFLOPS for the precision)."""
-
-    @property
-    def world_size(self) -> int:
-        return self.gpus_per_node * self.nodes
-
-    @property
-    def usable_gpu_bytes(self) -> int:
-        return int((self.gpu_memory_gb * GiB - CUDA_CONTEXT_BYTES) * GPU_USABLE_FRACTION)
-
-    @property
-    def usable_cpu_bytes(self) -> int | None:
-        if self.cpu_memory_gb is None:
-            return None
-        return int(self.cpu_memory_gb * GiB * CPU_USABLE_FRACTION)
-
-    @property
-    def network(self) -> float:
-        return self.network_gbps if self.network_gbps is not None else DEFAULT_NETWORK_GBPS
-
-    def check(self) -> list[str]:
-        problems = []
-        if self.gpus_per_node < 1:
-            problems.append(f"--gpus_per_node must be >= 1, got {self.gpus_per_node}")
-        if self.nodes < 1:
-            problems.append(f"--nodes must be >= 1, got {self.nodes}")
-        for name in ("gpu_memory_gb", "cpu_memory_gb", "network_gbps", "intra_node_gbps"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                problems.append(f"--{name} must be > 0, got {v}")
-        for name in ("pcie_gbps", "gpu_tflops"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                problems.append(f"--{name} must be > 0, got {v}")
-        if self.gpu_memory_gb > 0 and self.usable_gpu_bytes <= 0:
-            problems.append(
-                f"--gpu_memory_gb {self.gpu_memory_gb} leaves nothing after the context"
-            )
-        return problems
+    name: str
+    zero_stage: int
+    offload_optimizer: bool
+    offload_param: bool
+    preset: str | None
+    """The ds_configs/ file (None: no preset, a baseline only)."""
 
 
-# (name, stage, offload optimizer, offload params, ds_configs preset)
-CANDIDATES: list[tuple[str, int, bool, bool, str | None]] = [
-    ("stage 0 (DDP)", 0, False, False, None),
-    ("ZeRO-1", 1, False, False, "zero1.json"),
-    ("ZeRO-2", 2, False, False, "zero2.json"),
-    ("ZeRO-2 + opt offload", 2, True, False, "zero2_offload.json"),
-    ("ZeRO-3", 3, False, False, "zero3.json"),
-    ("ZeRO-3 + opt&param offload", 3, True, True, "zero3_offload.json"),
+CANDIDATES: list[CandidateSpec] = [
+    CandidateSpec("stage 0 (DDP)", 0, False, False, None),
+    CandidateSpec("ZeRO-1", 1, False, False, "zero1.json"),
+    CandidateSpec("ZeRO-2", 2, False, False, "zero2.json"),
+    CandidateSpec("ZeRO-2 + opt offload", 2, True, False, "zero2_offload.json"),
+    CandidateSpec("ZeRO-3", 3, False, False, "zero3.json"),
+    CandidateSpec("ZeRO-3 + opt&param offload", 3, True, True, "zero3_offload.json"),
 ]
 MAX_MICRO_BATCH = 4096
 TIE_FRACTION = 0.02
@@ -133,6 +86,7 @@ class Candidate:
 
     @property
     def step_s(self) -> float:
+        """Estimated seconds per optimizer step: compute + communication + offload."""
         return self.compute_s + self.comm_s + self.offload_s
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,6 +98,8 @@ class Candidate:
 
 @dataclass
 class Plan:
+    """Every candidate for one model on one cluster, the recommendation and its command."""
+
     shape: ModelShape
     model_name: str | None
     hardware: Hardware
@@ -229,18 +185,26 @@ def _times(shape: ModelShape, c: Candidate, hw: Hardware, precision: str) -> Non
     c.offload_s = pcie * 8 / (hw.pcie_gbps * 1e9) + cpu_adam
 
 
-def _candidate(shape, hw, precision, target, spec, ckpt, config_dir: Path) -> Candidate:
-    name, stage, off_opt, off_param, preset = spec
-    path = config_dir / preset if preset else None
+def _candidate(
+    shape: ModelShape,
+    hw: Hardware,
+    precision: str,
+    target: int,
+    spec: CandidateSpec,
+    ckpt: bool,
+    config_dir: Path,
+) -> Candidate:
+    """One row: memory at micro-batch 1 and 2, the fit, the batch split and the step time."""
+    path = config_dir / spec.preset if spec.preset else None
     settings = load_preset_settings(path) if path else ZeroSettings()
-    source = f"ds_configs/{preset}" if path and path.is_file() else "DeepSpeed defaults"
+    source = f"ds_configs/{spec.preset}" if path and path.is_file() else "DeepSpeed defaults"
 
     def est(micro: int) -> MemoryEstimate:
         return estimate_run(
             shape,
-            zero_stage=stage,
-            offload_optimizer=off_opt,
-            offload_param=off_param,
+            zero_stage=spec.zero_stage,
+            offload_optimizer=spec.offload_optimizer,
+            offload_param=spec.offload_param,
             world_size=hw.world_size,
             gpus_per_node=hw.gpus_per_node,
             micro_batch_size=micro,
@@ -250,15 +214,20 @@ def _candidate(shape, hw, precision, target, spec, ckpt, config_dir: Path) -> Ca
         )
 
     e1 = est(1)
-    why = []
     max_micro = _max_micro_batch(e1, est(2), hw.usable_gpu_bytes)
-    if max_micro == 0:
-        why.append(f"GPU: needs {e1.total / GiB:.1f} GiB at micro-batch 1")
-    cpu_usable = hw.usable_cpu_bytes
-    if cpu_usable is not None and e1.cpu_bytes > cpu_usable:
-        why.append(f"CPU: needs {e1.cpu_bytes / GiB:.1f} GiB per node")
+    why = _why_not(e1, max_micro, hw)
     c = Candidate(
-        name, stage, off_opt, off_param, ckpt, preset, source, e1, not why, why, max_micro
+        name=spec.name,
+        zero_stage=spec.zero_stage,
+        offload_optimizer=spec.offload_optimizer,
+        offload_param=spec.offload_param,
+        activation_checkpointing=ckpt,
+        preset=spec.preset,
+        settings_from=source,
+        estimate=e1,
+        fits=not why,
+        why_not=why,
+        max_micro_batch=max_micro,
     )
     if max_micro:
         c.micro_batch_size, c.grad_accum, c.global_batch = _batch_split(
@@ -269,7 +238,19 @@ def _candidate(shape, hw, precision, target, spec, ckpt, config_dir: Path) -> Ca
     return c
 
 
+def _why_not(e1: MemoryEstimate, max_micro: int, hw: Hardware) -> list[str]:
+    """Why a candidate does not fit: GPU memory at micro-batch 1, CPU memory per node."""
+    why = []
+    if max_micro == 0:
+        why.append(f"GPU: needs {e1.total / GiB:.1f} GiB at micro-batch 1")
+    cpu_usable = hw.usable_cpu_bytes
+    if cpu_usable is not None and e1.cpu_bytes > cpu_usable:
+        why.append(f"CPU: needs {e1.cpu_bytes / GiB:.1f} GiB per node")
+    return why
+
+
 def _choose(cands: list[Candidate]) -> Candidate | None:
+    """The recommendation by RULE (None: nothing with a preset fits)."""
     fitting = [c for c in cands if c.fits and c.preset]
     if not fitting:
         return None
@@ -302,6 +283,7 @@ def model_flags(shape: ModelShape, model_name: str | None) -> list[str]:
 def launch_command(
     c: Candidate, shape: ModelShape, model_name: str | None, hw: Hardware, precision: str
 ) -> str:
+    """The deepspeed command line that trains candidate `c` on `hw`."""
     launcher = (
         f"deepspeed --num_gpus {hw.gpus_per_node}"
         if hw.nodes == 1
@@ -317,6 +299,7 @@ def launch_command(
 
 
 def assumptions(hw: Hardware, precision: str) -> list[str]:
+    """The assumptions behind every figure of a plan, one sentence each, with the values used."""
     tflops = hw.gpu_tflops or DEFAULT_GPU_TFLOPS[precision]
     net = (
         f"inter-node network {hw.network:g} Gbit/s per node"
@@ -368,30 +351,51 @@ def plan(
     config_dir: Path = DS_CONFIG_DIR,
 ) -> Plan:
     """Every candidate's memory, fit, batch split, traffic and time, and one recommendation."""
-    problems = hardware.check()
-    if global_batch_size < 1:
-        problems.append(f"--global_batch_size must be >= 1, got {global_batch_size}")
-    if precision not in PRECISION_BYTES:
-        problems.append(f"--precision must be bf16, fp16 or fp32, got {precision!r}")
-    if shape.n_head < 1 or shape.n_embd % shape.n_head:
-        problems.append(f"n_embd {shape.n_embd} is not divisible by n_head {shape.n_head}")
-    if problems:
-        raise ConfigError(problems, source="pick_preset")
+    _check_plan(shape, hardware, global_batch_size, precision)
     cands = [
         _candidate(shape, hardware, precision, global_batch_size, spec, ckpt, config_dir)
         for spec in CANDIDATES
         for ckpt in (False, True)
     ]
     rec = _choose(cands)
+    command = launch_command(rec, shape, model_name, hardware, precision) if rec else None
+    return Plan(
+        shape=shape,
+        model_name=model_name,
+        hardware=hardware,
+        precision=precision,
+        target_global_batch=global_batch_size,
+        candidates=cands,
+        recommendation=rec,
+        command=command,
+        assumptions=assumptions(hardware, precision),
+        notes=_notes(hardware, global_batch_size, rec),
+    )
+
+
+def _check_plan(shape: ModelShape, hw: Hardware, global_batch_size: int, precision: str) -> None:
+    """Every problem of the inputs, raised at once, named by the pick_preset flags."""
+    problems = hw.check()
+    if global_batch_size < 1:
+        problems.append(f"--global_batch_size must be >= 1, got {global_batch_size}")
+    if precision not in PRECISION_BYTES:
+        problems.append(f"--precision must be bf16, fp16 or fp32, got {precision!r}")
+    problems += shape_problems(shape)
+    if problems:
+        raise ConfigError(problems, source="pick_preset")
+
+
+def _notes(hw: Hardware, global_batch_size: int, rec: Candidate | None) -> list[str]:
+    """What the user should know about the batch and the recommendation (or its absence)."""
     notes = []
-    if hardware.world_size > global_batch_size:
+    if hw.world_size > global_batch_size:
         notes.append(
-            f"the target batch {global_batch_size} is smaller than the {hardware.world_size} GPUs: "
+            f"the target batch {global_batch_size} is smaller than the {hw.world_size} GPUs: "
             "every GPU needs at least one sequence"
         )
     if rec and rec.global_batch != global_batch_size:
         notes.append(
-            f"{global_batch_size} is not a multiple of the {hardware.world_size} GPUs: the "
+            f"{global_batch_size} is not a multiple of the {hw.world_size} GPUs: the "
             f"recommendation trains {rec.global_batch} sequences per step"
         )
     if rec is None:
@@ -399,58 +403,4 @@ def plan(
             "nothing fits: add GPUs or nodes, shorten --block_size, pick a smaller model, or "
             "offload to NVMe (not modelled here)"
         )
-    command = launch_command(rec, shape, model_name, hardware, precision) if rec else None
-    return Plan(
-        shape, model_name, hardware, precision, global_batch_size, cands, rec, command,
-        assumptions(hardware, precision), notes,
-    )  # fmt: skip
-
-
-def format_plan(p: Plan) -> str:
-    """The picker's table, recommendation and assumptions as text."""
-    s, hw = p.shape, p.hardware
-
-    def g(x: int | None) -> str:
-        return "-" if x is None else f"{x / GiB:.2f}"
-
-    head = (
-        f"model: {p.model_name or 'custom'}: {s.num_params():,} params ({s.n_layer} layers, "
-        f"{s.n_head} heads, {s.n_embd} wide, block {s.block_size}, vocab {s.vocab_size}), "
-        f"{p.precision}\nhardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPUs of "
-        f"{hw.gpu_memory_gb:g} GiB (usable {hw.usable_gpu_bytes / GiB:.2f} GiB), CPU "
-        + (f"{hw.cpu_memory_gb:g} GiB per node" if hw.cpu_memory_gb is not None else "not given")
-        + f"\ntarget: {p.target_global_batch} sequences per optimizer step\n"
-    )
-    cols = (
-        f"{'candidate':<27} {'ckpt':<4} {'params':>6} {'grads':>6} {'optim':>6} {'activ':>6} "
-        f"{'buffer':>6} {'total':>6} {'fits':<4} {'max mb':>6} {'mb x ga':>9} {'total@mb':>8} "
-        f"{'GB sent':>8} {'comm s':>7} {'step s':>7} {'CPU/node':>8}  preset"
-    )
-    rows = [cols, "-" * len(cols)]
-    for c in p.candidates:
-        e = c.estimate
-        split = f"{c.micro_batch_size} x {c.grad_accum}" if c.micro_batch_size else "-"
-        rows.append(
-            f"{c.name:<27} {'yes' if c.activation_checkpointing else 'no':<4} {g(e.params):>6} "
-            f"{g(e.grads):>6} {g(e.optimizer_states):>6} {g(e.activations):>6} {g(e.buffers):>6} "
-            f"{g(e.total):>6} {'yes' if c.fits else 'NO':<4} {c.max_micro_batch:>6} {split:>9} "
-            f"{g(c.total_at_micro_batch):>8} {c.comm_bytes / 1e9:>8.2f} {c.comm_s:>7.3f} "
-            f"{f'{c.step_s:.2f}' if c.max_micro_batch else '-':>7} {g(e.cpu_bytes):>8}  "
-            f"{c.preset or '(none)'}" + (f"  <- {'; '.join(c.why_not)}" if c.why_not else "")
-        )
-    out = [head, *rows, ""]
-    rec = p.recommendation
-    if rec:
-        ckpt = " with activation checkpointing" if rec.activation_checkpointing else ""
-        out += [
-            f"recommendation: {rec.name}{ckpt}: ds_configs/{rec.preset}, micro-batch "
-            f"{rec.micro_batch_size} x grad_accum {rec.grad_accum} x {hw.world_size} GPUs = "
-            f"{rec.global_batch} sequences per step; {rec.total_at_micro_batch / GiB:.2f} of "
-            f"{hw.usable_gpu_bytes / GiB:.2f} GiB usable per GPU, ~{rec.step_s:.2f} s per step",
-            f"  {p.command}",
-        ]
-    out.append(f"rule: {RULE}")
-    out += [f"note: {n}" for n in p.notes]
-    out.append("assumptions:")
-    out += [f"  - {a}" for a in p.assumptions]
-    return "\n".join(out)
+    return notes
