@@ -17,6 +17,9 @@ RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.whi
 def test_ruff_clean(mode):
     assert RUFF, "ruff is missing: install the dev extra (pip install -e '.[dev]')"
     proc = subprocess.run(
-        [RUFF, *mode, "gpt_ds", "tools", "tests"], cwd=REPO, capture_output=True, text=True
+        [RUFF, *mode, "gpt_ds", "tools", "tests", "benchmarks"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -93,6 +93,16 @@ def test_plain_python_runs_one_rank(shakespeare_dir, tmp_path):
     assert math.isclose(logged, ref, rel_tol=0, abs_tol=2e-5), (logged, ref)
 
 
+def test_deepspeed_module_launch(shakespeare_dir, tmp_path):
+    """`deepspeed --module gpt_ds.train` runs the installed package like the script path."""
+    out = tmp_path / "module"
+    args = tiny_run_args(shakespeare_dir, out, max_iters=2, eval_interval=0, eval_iters=1)
+    proc = run_deepspeed(args, num_gpus=1, script="gpt_ds.train", extra_launcher_args=["--module"])
+    assert "rank 0/1" in proc.stdout and "done: 2 iterations" in proc.stdout
+    assert sorted(train_losses(out)) == [1, 2]
+    assert (out / "latest").read_text() == "final"
+
+
 def test_resume_continues_the_same_run(shakespeare_dir, tmp_path):
     """2K iterations in one go == K iterations, --resume, K more: same losses, same weights."""
     k = 6
