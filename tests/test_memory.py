@@ -1,4 +1,4 @@
-"""The memory/communication model (gpt_ds/memory.py) and the preset picker (tools/pick_preset.py).
+"""The memory/communication model (gpt_ds/memory/) and the preset picker (tools/pick_preset.py).
 
 References computed inside the tests: DeepSpeed's own estimators (the functions behind
 `estimate_zero{2,3}_model_states_mem_needs_all_cold`, which only print), transformers'
