@@ -543,7 +543,7 @@ def test_universal_checkpoint_tool(refs, tmp_path):
         (
             ["--tag", "iter_9"],
             f"error: --tag iter_9: no complete checkpoint with that tag in {out} "
-            "(complete tags: iter_4)",
+            "(complete tags: iter_4, iter_4_universal)",
         ),
     ]:
         proc = tool(*args)
