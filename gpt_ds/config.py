@@ -19,6 +19,7 @@ from gpt_ds.ds_schema import PRESETS, preset_path
 from gpt_ds.errors import ConfigError
 from gpt_ds.model import MODEL_PRESETS, resolve_shape, shape_problems
 from gpt_ds.precision import PRECISIONS
+from gpt_ds.token_format import rebuild_command
 
 option = cli.option
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")
@@ -233,10 +234,12 @@ def _file_problems(cfg: RunConfig) -> list[str]:
             f"(give a path or a preset name: {', '.join(PRESETS)})"
         )
     data = Path(cfg.data_dir)
+    make_it = f"make it with: python tools/prepare_data.py --out_dir {cfg.data_dir}"
+    fresh = not data.is_dir() or not any(data.iterdir())  # else: re-create it, same inputs
     missing = [n for n in ("train.bin", "val.bin", "meta.json") if not (data / n).is_file()]
     if missing:
         problems.append(
             f"--data_dir {cfg.data_dir}: missing {', '.join(missing)} "
-            "(make it with: python tools/prepare_data.py --out_dir " + cfg.data_dir + ")"
+            f"({make_it if fresh else rebuild_command(data)})"
         )
     return problems

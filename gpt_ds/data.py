@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from gpt_ds.errors import DataError
-from gpt_ds.token_format import DTYPE, FORMAT
+from gpt_ds.token_format import DTYPE, FORMAT, rebuild_command
 
 SCAN_CHUNK = 1 << 24  # tokens per chunk when checking ids (32 MB of uint16)
 
@@ -43,7 +43,7 @@ def load_token_data(data_dir: str | Path, vocab_size: int, block_size: int) -> T
         meta = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise DataError(f"{meta_path}: cannot read dataset description: {exc}") from exc
-    hint = f"re-create it with: python tools/prepare_data.py --out_dir {data_dir}"
+    hint = rebuild_command(data_dir)
     if meta.get("format") != FORMAT or meta.get("dtype") != DTYPE:
         raise DataError(f"{meta_path}: not a gpt_ds token dataset (format/dtype); {hint}")
     if meta.get("tokenizer") != "gpt2" or meta.get("tokenizer_sha256") != tokenizer_fingerprint():

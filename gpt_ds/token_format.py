@@ -1,11 +1,37 @@
 """The token-file format: written by `gpt_ds.prepare`, read by `gpt_ds.data`.
 
 `train.bin`/`val.bin` are flat arrays of GPT-2 token ids of dtype `DTYPE` with no header;
-`meta.json` names the format (`FORMAT`, `FORMAT_VERSION`) and the dtype.
+`meta.json` names the format (`FORMAT`, `FORMAT_VERSION`) and the dtype, and records the
+inputs it was made from (`rebuild_command`).
 """
 
 from __future__ import annotations
 
+import json
+import shlex
+from pathlib import Path
+
 FORMAT = "gpt_ds.tokens"
 FORMAT_VERSION = 1
 DTYPE = "uint16"
+
+
+def rebuild_command(data_dir: str | Path) -> str:
+    """How to re-create the dataset in `data_dir` from its own inputs, as meta.json records
+    them: a fix hint must never turn a custom dataset into Tiny Shakespeare by omission."""
+    from gpt_ds.tokenizer import DEFAULT_CORPUS
+
+    data_dir = Path(data_dir)
+    base = f"python tools/prepare_data.py --out_dir {shlex.quote(str(data_dir))}"
+    try:
+        meta = json.loads((data_dir / "meta.json").read_text())
+        paths = [str(s["path"]) for s in meta["sources"]]
+        val_fraction = meta["val_fraction"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return (
+            "re-create it from its inputs (unknown here: no readable meta.json) with: "
+            f"{base} --input YOUR_FILES_OR_FOLDERS"
+        )
+    if [Path(p) for p in paths] != [DEFAULT_CORPUS]:
+        base += " --input " + " ".join(shlex.quote(p) for p in paths)
+    return f"re-create it with: {base} --val_fraction {val_fraction}"

@@ -48,6 +48,35 @@ def test_truncated_train_bin(data, tmp_path):
     ) in err
 
 
+def test_fix_hint_rebuilds_a_custom_dataset_from_its_own_inputs(shakespeare_dir, tmp_path):
+    """The hint after a broken custom dataset names its --input and --val_fraction (run
+    literally, the old hint replaced the dataset with Tiny Shakespeare)."""
+    corpus = tmp_path / "my corpus"
+    corpus.mkdir()
+    text = (shakespeare_dir / "meta.json").read_text()  # any text will do
+    (corpus / "a.txt").write_text(text * 20)
+    (corpus / "b.txt").write_text(text[::-1] * 20)
+    data = tmp_path / "mine"
+    tool = str(REPO / "tools" / "prepare_data.py")
+    args = ["--input", str(corpus), "--out_dir", str(data), "--val_fraction", "0.25"]
+    run_python([tool, *args, "--block_size", "64", "--quiet"])
+    with (data / "val.bin").open("r+b") as f:
+        f.truncate(10)
+    err = train_fails(tiny_run_args(data, tmp_path / "out"))
+    quoted = [f"'{corpus / name}'" for name in ("a.txt", "b.txt")]
+    hint = (
+        f"re-create it with: python tools/prepare_data.py --out_dir {data} "
+        f"--input {' '.join(quoted)} --val_fraction 0.25"
+    )
+    assert hint in err
+    (data / "meta.json").unlink()
+    err = train_fails(tiny_run_args(data, tmp_path / "out"))
+    assert (
+        f"--data_dir {data}: missing meta.json (re-create it from its inputs (unknown here: no "
+        f"readable meta.json) with: python tools/prepare_data.py --out_dir {data} --input "
+    ) in err
+
+
 def test_corrupt_train_bin(data, tmp_path):
     size = (data / "train.bin").stat().st_size
     (data / "train.bin").write_bytes(b"\xff" * size)  # right size, garbage contents
