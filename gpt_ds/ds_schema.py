@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from gpt_ds.errors import ConfigError
 PRESET_DIR = Path(__file__).resolve().parents[1] / "ds_configs"
 SCHEMA_PATH = PRESET_DIR / "schema.json"
 PRESETS = ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
+_JSON_EXAMPLE = f"a DeepSpeed config is one JSON object, e.g. {PRESET_DIR / 'zero2.json'}"
+_YAML_KEY = re.compile(r'^(#.*\n\s*)*["\w-]+\s*:')  # `key: value`, after any # comments
 
 # Keys DeepSpeed 0.19 dropped or renamed: a clearer message than "unknown key".
 _REMOVED_KEYS = {
@@ -75,10 +78,15 @@ def load_ds_config(path: str | Path) -> dict:
             seen[key] = value
         return seen
 
+    if not text.strip():
+        raise ConfigError([f"{path}: the file is empty; {_JSON_EXAMPLE}"], source)
     try:
         raw = json.loads(text, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as e:
-        raise ConfigError([f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}"], source) from None
+        what = f"invalid JSON: {e.msg}"
+        if not text.lstrip().startswith(("{", "[")) and _YAML_KEY.match(text.lstrip()):
+            what = f"this looks like YAML, but DeepSpeed configs are JSON; {_JSON_EXAMPLE}"
+        raise ConfigError([f"{path}:{e.lineno}:{e.colno}: {what}"], source) from None
     problems = [f"{key}: duplicate key (JSON keeps only the last one)" for key in duplicates]
     problems += validate_ds_config(raw)
     if problems:

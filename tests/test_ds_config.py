@@ -542,3 +542,23 @@ def test_deepspeed_initializes_every_resolved_preset(tmp_path):
         assert out["losses"] == pytest.approx(reference, rel=1e-5)
     # A rare ZeRO-3 abort at interpreter exit after all work is done is tolerated (see notes).
     assert proc.returncode == 0 or "terminate called without an active exception" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", ": the file is empty; a DeepSpeed config is one JSON object, e.g. "),
+        ("  \n", ": the file is empty; a DeepSpeed config is one JSON object, e.g. "),
+        (
+            "# zero 2\nzero_optimization:\n  stage: 2\n",
+            ":1:1: this looks like YAML, but DeepSpeed configs are JSON; a DeepSpeed config is",
+        ),
+        ('{"train_batch_size": 8,}', ":1:24: invalid JSON: Expecting property name"),
+    ],
+)
+def test_empty_and_yaml_config_files_are_named(tmp_path, text, message):
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_ds_config(path)
+    assert f"{path}{message}" in str(e.value)
