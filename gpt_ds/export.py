@@ -40,6 +40,7 @@ import torch
 from gpt_ds.checkpoint import CheckpointRef, resolve
 from gpt_ds.errors import CheckpointError
 from gpt_ds.model import gpt2_config
+from gpt_ds.processes import pid_alive
 
 FORMATS = ("hf", "safetensors", "pt")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -190,18 +191,6 @@ def check_output(output: Path, overwrite: bool, ref: CheckpointRef | None = None
         raise CheckpointError(f"--output {output} {what}; pass --overwrite to replace it")
 
 
-def _pid_alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except ValueError:
-        return True  # not our naming: leave it alone
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, owned by someone else
-    return True
-
-
 @contextlib.contextmanager
 def staged_output(output: Path):
     """Yield a temporary sibling of `output`; on success it replaces `output`, on error it goes."""
@@ -211,7 +200,7 @@ def staged_output(output: Path):
     except OSError as exc:
         raise CheckpointError(f"--output {output}: cannot create its parent: {exc}") from exc
     for stale in output.parent.glob(f".{output.name}.tmp-*"):  # left by a killed export
-        if not _pid_alive(stale.name.rsplit("-", 1)[-1]):
+        if not pid_alive(stale.name.rsplit("-", 1)[-1]):
             shutil.rmtree(stale, ignore_errors=True)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     tmp.mkdir()

@@ -62,6 +62,7 @@ from gpt_ds.prepare_inputs import (
     discover_inputs,
     read_pieces,
 )
+from gpt_ds.processes import pid_alive
 from gpt_ds.token_format import DTYPE, FORMAT, FORMAT_VERSION
 from gpt_ds.tokenizer import (
     EOT_TOKEN,
@@ -120,6 +121,15 @@ def _make_out_dir(out_dir: Path) -> None:
         raise DataError(f"cannot create output folder {out_dir}: {e.strerror or e}") from e
     if not os.access(out_dir, os.W_OK):
         raise DataError(f"output folder {out_dir} is not writable")
+    _remove_stale_temporaries(out_dir)
+
+
+def _remove_stale_temporaries(out_dir: Path) -> None:
+    """Hidden `.NAME.PID.tmp` files of runs that were killed (SIGKILL leaves them behind)."""
+    for tmp in out_dir.glob(".*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not pid_alive(pid):
+            tmp.unlink(missing_ok=True)
 
 
 def _describe(sources: list[Source]) -> str:

@@ -273,6 +273,24 @@ def test_failed_run_keeps_previous_dataset(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_temporaries_of_killed_runs_are_removed(tmp_path):
+    """A SIGKILLed prepare_data leaves `.train.bin.PID.tmp`; the next run into the same folder
+    removes it, but never a temporary of a process that is still running."""
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process now
+    stale = [out / f".train.bin.{dead.pid}.tmp", out / f".meta.json.{dead.pid}.tmp"]
+    live = out / f".val.bin.{os.getppid()}.tmp"
+    for path in [*stale, live]:
+        path.write_bytes(b"half written")
+    good = tmp_path / "good.txt"
+    good.write_text("Some good text.\n" * 200, encoding="utf-8")
+    run([good], out)
+    assert [p.exists() for p in stale] == [False, False] and live.exists()
+    assert (out / "train.bin").is_file()
+
+
 def test_interrupted_commit_never_looks_complete(tmp_path, monkeypatch):
     out = tmp_path / "out"
     run([DEFAULT_CORPUS], out)
