@@ -96,7 +96,9 @@ def test_plain_python_runs_one_rank(shakespeare_dir, tmp_path):
 def test_deepspeed_module_launch(shakespeare_dir, tmp_path):
     """`deepspeed --module gpt_ds.train` runs the installed package like the script path."""
     out = tmp_path / "module"
-    args = tiny_run_args(shakespeare_dir, out, max_iters=2, eval_interval=0, eval_iters=1)
+    args = tiny_run_args(
+        shakespeare_dir, out, max_iters=2, warmup_iters=0, eval_interval=0, eval_iters=1
+    )
     proc = run_deepspeed(args, num_gpus=1, script="gpt_ds.train", extra_launcher_args=["--module"])
     assert "rank 0/1" in proc.stdout and "done: 2 iterations" in proc.stdout
     assert sorted(train_losses(out)) == [1, 2]
