@@ -81,6 +81,9 @@ class RunConfig:
         False, "At eval points, save only when val loss improves."
     )
     no_checkpoint: bool = option(False, "Never write checkpoints (quick experiments).")
+    ignore_memory_estimate: bool = option(
+        False, "Start even when the memory estimate says the run does not fit."
+    )
     # the launcher passes --local_rank=N (newer ones --local-rank)
     local_rank: int = option(-1, "Set by the DeepSpeed launcher.", aliases=("--local-rank",))
 

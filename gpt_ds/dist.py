@@ -48,6 +48,11 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", 0))
 
 
+def local_world_size() -> int:
+    """Ranks on this node (the launcher's LOCAL_SIZE / LOCAL_WORLD_SIZE; else the world)."""
+    return int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", world_size())))
+
+
 def is_main() -> bool:
     return rank() == 0
 

@@ -46,7 +46,8 @@ def run_summary(model_name: str, shape: ModelShape, resolved: ResolvedDsConfig, 
 def memory_estimate(
     shape: ModelShape, resolved: ResolvedDsConfig, activation_checkpointing: bool
 ) -> MemoryEstimate:
-    """Predicted per-rank memory for this run (the model behind tools/pick_preset.py)."""
+    """Predicted per-rank memory for this run (the model behind tools/pick_preset.py); works
+    before the process group exists (world size from the launcher's environment)."""
     zero = resolved.config.get("zero_optimization", {})
     world = dist.world_size()
     est = estimate_run(
@@ -55,13 +56,12 @@ def memory_estimate(
         offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none") != "none",
         offload_param=zero.get("offload_param", {}).get("device", "none") != "none",
         world_size=world,
-        gpus_per_node=int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", world))),
+        gpus_per_node=dist.local_world_size(),
         micro_batch_size=resolved.micro_batch_size,
         precision=resolved.precision,
         activation_checkpointing=activation_checkpointing,
         zero_config=zero,
     )
-    dist.print0("memory estimate per rank:\n" + est.format())
     return est
 
 
@@ -98,3 +98,7 @@ def model_states(engine, estimate: MemoryEstimate) -> None:
         + ", ".join(f"rank {r} {b / 2**30:.3f} GiB" for r, b in enumerate(per_rank))
         + f"; predicted peak during the step {estimate.model_state_bytes / 2**30:.3f} GiB"
     )
+
+
+def print_memory_estimate(est: MemoryEstimate) -> None:
+    dist.print0("memory estimate per rank:\n" + est.format())

@@ -40,7 +40,9 @@ from gpt_ds.data import load_token_data
 from gpt_ds.ds_config import resolve_ds_config
 from gpt_ds.ds_schema import load_ds_config, preset_path
 from gpt_ds.errors import CheckpointError, GptDsError
+from gpt_ds.memory.guard import check_fits, device_memory_bytes, host_memory_bytes
 from gpt_ds.model import ModelShape, pretrained_shape, resolve_shape
+from gpt_ds.report import memory_estimate
 from gpt_ds.trainer import RunPlan, Trainer
 
 
@@ -75,7 +77,15 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     )
     data = load_token_data(cfg.data_dir, shape.vocab_size, shape.block_size)
     check_writable(Path(cfg.out_dir))
-    return RunPlan(cfg=cfg, shape=shape, ds=ds, data=data, resume=resume)
+    estimate = memory_estimate(shape, ds, cfg.activation_checkpointing)
+    if not cfg.ignore_memory_estimate:
+        check_fits(
+            estimate,
+            ranks_per_node=dist.local_world_size(),
+            device_bytes=device_memory_bytes(dist.local_rank()),
+            host_bytes=host_memory_bytes(),
+        )
+    return RunPlan(cfg=cfg, shape=shape, ds=ds, data=data, resume=resume, estimate=estimate)
 
 
 def model_shape(cfg: RunConfig) -> ModelShape:

@@ -28,6 +28,7 @@ from gpt_ds.data import TokenData, TrainSampler
 from gpt_ds.ds_config import ResolvedDsConfig
 from gpt_ds.errors import GptDsError
 from gpt_ds.evaluation import evaluate
+from gpt_ds.memory import MemoryEstimate
 from gpt_ds.metrics import MetricsLogger
 from gpt_ds.model import (
     ModelShape,
@@ -51,6 +52,7 @@ class RunPlan:
     ds: ResolvedDsConfig
     data: TokenData
     resume: CheckpointRef | None  # the checked checkpoint to continue from, if any
+    estimate: MemoryEstimate  # predicted per-rank memory, checked against the machine
 
 
 @dataclass
@@ -124,7 +126,8 @@ class Trainer:
         if resume is not None and needs_universal(resume.manifest, dist.world_size()):
             resume = convert_on_rank0(resume)  # the DeepSpeed config already loads universal
         self.engine = self._build_engine()
-        self.estimate = report.memory_estimate(self.shape, ds, cfg.activation_checkpointing)
+        self.estimate = self.plan.estimate
+        report.print_memory_estimate(self.estimate)
         self.comm_seconds = report.communication_plan(self.shape, ds)
         torch.manual_seed(cfg.seed + 1000 * dist.rank())  # per-rank dropout streams
         self.sampler = TrainSampler(
