@@ -70,6 +70,13 @@ class LogWindow:
         self.seconds += seconds
         self.since_eval.append(loss)
 
+    def take_log(self) -> tuple[float, int, float]:
+        """(mean loss, steps, seconds) since the last log line, and start a new log window."""
+        mean = self.loss_sum / self.steps
+        taken = (mean, self.steps, self.seconds)
+        self.loss_sum, self.steps, self.seconds = 0.0, 0, 0.0
+        return taken
+
     def take_eval_mean(self) -> float | None:
         """The mean training loss since the last evaluation, and start a new eval window."""
         losses, self.since_eval = self.since_eval, []
@@ -208,13 +215,10 @@ class Trainer:
         )
 
     def _log_train(self, it: int) -> None:
-        w = self.window
-        tokens = self.plan.ds.train_batch_size * self.shape.block_size * w.steps
+        loss, steps, seconds = self.window.take_log()
+        tokens = self.plan.ds.train_batch_size * self.shape.block_size * steps
         lr = self.engine.get_lr()[0]
-        self.metrics.log_train(
-            it, w.loss_sum / w.steps, lr, tokens, w.steps, w.seconds, self.comm_seconds
-        )
-        w.loss_sum, w.steps, w.seconds = 0.0, 0, 0.0
+        self.metrics.log_train(it, loss, lr, tokens, steps, seconds, self.comm_seconds)
 
     # ------------------------------------------------------------------ the rules
     def after_step(self, it: int, stop_requested: bool) -> bool:
