@@ -84,6 +84,15 @@ def all_reduce_sum(values: list[float], dev: torch.device | None = None) -> list
     return t.tolist()
 
 
+def gather_objects(obj) -> list:
+    """Every rank's `obj` (small and picklable: names, digests, messages), on every rank."""
+    if not (tdist.is_initialized() and world_size() > 1):
+        return [obj]
+    out = [None] * world_size()
+    tdist.all_gather_object(out, obj)
+    return out
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank if it is true on any rank (so all ranks take the same branch)."""
     return all_reduce_sum([1.0 if flag else 0.0])[0] > 0

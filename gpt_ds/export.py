@@ -57,9 +57,9 @@ _UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 # --------------------------------------------------------------------------- the checkpoint
 def resolve_checkpoint(path: str | Path, tag: str | None = None) -> CheckpointRef:
     """The checkpoint to export: `path` is a run's out dir (with `tag`, else the one `latest`
-    names) or a tag directory itself. Checked (complete, every file at its recorded size, not
-    a universal checkpoint) before any heavy work; reads no weights."""
-    ref = resolve(path, tag, flag="--tag")
+    names) or a tag directory itself. Checked (complete, every file at its recorded size and
+    checksum, not a universal checkpoint) before any heavy work; loads no weights."""
+    ref = resolve(path, tag, flag="--tag", verify=True)
     if ref.manifest.universal:
         raise CheckpointError(
             f"{ref.tag_dir} is a universal checkpoint (made to resume on another world size); "

@@ -9,6 +9,7 @@ checked before any model exists, identically on every rank) -> process group ->
 
 import os
 import sys
+import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -31,6 +32,7 @@ from gpt_ds.checkpoint import (
     CheckpointRef,
     check_model,
     complete_tags,
+    damaged_files,
     needs_universal,
     partial_dirs,
     resolve,
@@ -50,12 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
         plan = plan_run(cfg)
-    except GptDsError as exc:  # identical on every rank: let rank 0 say it
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+    except GptDsError as exc:
+        return refuse(exc)
     dist.init()
     try:
+        try:
+            plan = verify_resume(plan)
+        except GptDsError as exc:
+            return refuse(exc)
         return Trainer(plan).run()
     except GptDsError as exc:
         print(f"[rank {dist.rank()}] error: {exc}", file=sys.stderr, flush=True)
@@ -64,12 +68,20 @@ def main(argv: list[str] | None = None) -> int:
         dist.shutdown()
 
 
-def plan_run(cfg: RunConfig) -> RunPlan:
-    """Validate and resolve everything the run needs; raises a GptDsError naming what is wrong."""
+def refuse(exc: GptDsError) -> int:
+    """Exit 2 for a problem found identically on every rank: rank 0 says it, once."""
+    if dist.rank() == 0:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+    return 2
+
+
+def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
+    """Validate and resolve everything the run needs; raises a GptDsError naming what is wrong.
+    `damaged` names checkpoint tags found damaged, which `--resume` must not use."""
     validate(cfg)
     shape = model_shape(cfg)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    resume = resume_checkpoint(cfg, shape, world)
+    resume = resume_checkpoint(cfg, shape, world, damaged)
     universal = resume is not None and needs_universal(resume.manifest, world)
     settings = run_settings(cfg, world, load_universal=universal)
     ds = resolve_ds_config(
@@ -95,7 +107,27 @@ def model_shape(cfg: RunConfig) -> ModelShape:
     return pretrained_shape(cfg.init_from, cfg.block_size)
 
 
-def resume_checkpoint(cfg: RunConfig, shape: ModelShape, world: int) -> CheckpointRef | None:
+def verify_resume(plan: RunPlan) -> RunPlan:
+    """`plan` once the checkpoint it resumes from passed its checksums (every rank verifies a
+    share of the files). A damaged `latest` gives way to the newest intact tag, said; a damaged
+    tag named with `--resume TAG` is refused."""
+    damaged: dict[str, str] = {}
+    while plan.resume is not None:
+        started, ref = time.perf_counter(), plan.resume
+        problems = damaged_files(ref)
+        if not problems:
+            size = sum(ref.manifest.files.values()) / 2**20
+            seconds = time.perf_counter() - started
+            dist.print0(f"checkpoint: {ref.tag} verified ({size:.1f} MiB in {seconds:.1f} s)")
+            return plan
+        damaged[ref.tag] = "; ".join(problems)
+        plan = plan_run(plan.cfg, damaged)  # a named tag raises; `latest` falls back
+    return plan
+
+
+def resume_checkpoint(
+    cfg: RunConfig, shape: ModelShape, world: int, damaged: dict[str, str] | None = None
+) -> CheckpointRef | None:
     """The checked checkpoint `--resume` names (None without --resume); `latest` falls back to
     the newest complete tag when it names an incomplete one."""
     if not cfg.resume:
@@ -106,12 +138,12 @@ def resume_checkpoint(cfg: RunConfig, shape: ModelShape, world: int) -> Checkpoi
             f"--resume: no complete checkpoint in {out_dir} (looked for */{MANIFEST}); "
             "start without --resume"
         )
-    for leftover in partial_dirs(out_dir):
+    for leftover in partial_dirs(out_dir) if damaged is None else []:  # said once
         dist.print0(
             f"checkpoint: ignoring incomplete checkpoint directory {leftover} (no manifest)"
         )
     tag = None if cfg.resume == "latest" else cfg.resume
-    ref = resolve(out_dir, tag, flag="--resume", fall_back=True, note=dist.print0)
+    ref = resolve(out_dir, tag, flag="--resume", fall_back=True, damaged=damaged, note=dist.print0)
     check_model(ref, asdict(shape))
     return ref
 

@@ -280,6 +280,8 @@ class Trainer:
             config=self.cfg.to_dict(),
             files={},
             precision=self.plan.ds.precision,
+            micro_batch_size=self.plan.ds.micro_batch_size,
+            grad_accum=self.plan.ds.grad_accum,
             val_loss=self.last_val,
             best_val_loss=self.best_val,
             best_tag=self.best_tag,

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parse(UniversalOptions, argv, description=__doc__)
 
     def convert() -> int:
-        print(convert_to_universal(resolve(opts.out_dir, opts.tag, flag="--tag")).tag)
+        print(convert_to_universal(resolve(opts.out_dir, opts.tag, flag="--tag", verify=True)).tag)
         return 0
 
     return run_tool(convert)

@@ -2,11 +2,12 @@
 
 - manifest.py: `Manifest`, the only reader and writer of `TAG/gpt_ds.json`;
 - tags.py: `complete_tags`, `resolve` (the tag a request means, checked), `latest`;
+- integrity.py: per-file SHA-256 checksums, written at save and verified before loading;
 - checkpointer.py: `Checkpointer`, the save protocol and exact resume;
 - universal.py: conversion to DeepSpeed's universal format, for another world size.
 """
 
-from gpt_ds.checkpoint.checkpointer import Checkpointer, Resumed, check_model
+from gpt_ds.checkpoint.checkpointer import Checkpointer, Resumed, check_model, damaged_files
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest
 from gpt_ds.checkpoint.tags import (
     LATEST,
@@ -30,6 +31,7 @@ __all__ = [
     "complete_tags",
     "convert_on_rank0",
     "convert_to_universal",
+    "damaged_files",
     "is_checkpoint_dir",
     "latest_tag",
     "needs_universal",

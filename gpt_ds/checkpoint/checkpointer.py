@@ -4,8 +4,9 @@ Protocol (every rank calls `save`; ZeRO needs all of them):
 1. every rank writes `OUT/<tag>.partial/` through `engine.save_checkpoint(save_latest=False)`,
    plus its own `gpt_ds_rank{R}.pt` (RNG states and data-sampler position: DeepSpeed saves no
    RNG state, and under ZeRO-1/2 only rank 0's client_state is kept);
-2. barrier; rank 0 checks that every rank's files exist and are non-empty, writes the manifest
-   `gpt_ds.json` (manifest.py: the run config, model shape, iteration, losses, file sizes),
+2. every rank hashes the files it wrote (integrity.py) and the digests are gathered; rank 0
+   checks that every rank's files exist and are non-empty, writes the manifest `gpt_ds.json`
+   (manifest.py: the run config, model shape, iteration, losses, file sizes and checksums),
    renames the directory to `OUT/<tag>` and only then rewrites `OUT/latest` (atomically);
 3. barrier; rank 0 prunes old `iter_*` tags beyond `--keep_last` (never `final`, never the best).
 A tag is "complete" iff its manifest exists: a kill at any moment leaves the previous
@@ -29,6 +30,13 @@ import numpy as np
 import torch
 
 from gpt_ds import dist
+from gpt_ds.checkpoint.integrity import (
+    ALGORITHM,
+    checksum_problems,
+    digests_of,
+    share,
+    writer_rank,
+)
 from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.tags import (
     ITER_TAG,
@@ -129,6 +137,14 @@ def check_model(ref: CheckpointRef, model_shape: dict) -> None:
         )
 
 
+def damaged_files(ref: CheckpointRef) -> list[str]:
+    """What is damaged in `ref`, on every rank: each rank verifies the checksums of its share
+    of the files (sizes were checked when the tag was resolved)."""
+    mine = share(ref.manifest.files, dist.rank(), dist.world_size())
+    found = dist.gather_objects(checksum_problems(ref.tag_dir, ref.manifest, mine))
+    return sorted(p for part in found for p in part)
+
+
 @dataclass(kw_only=True)
 class Resumed:
     """What a resumed run needs besides the engine's own state."""
@@ -161,9 +177,10 @@ class Checkpointer:
                 shutil.rmtree(staging)  # leftover of a save that was killed
             dist.barrier()
             self._write_rank_files(engine, sampler, manifest, staging)
-            dist.barrier()
+            digests = self._own_digests(staging, engine.zero_optimization_stage())
+            merged = {k: v for part in dist.gather_objects(digests) for k, v in part.items()}
             if rank == 0:
-                self._publish(engine, manifest, staging)
+                self._publish(engine, dataclasses.replace(manifest, checksums=merged), staging)
             dist.barrier()
         except (OSError, RuntimeError) as exc:  # disk full, permissions, I/O, a rank died
             raise self._save_failed(tag, staging, rank, exc) from exc
@@ -191,10 +208,23 @@ class Checkpointer:
         torch.save({"rng": capture_rng(), "sampler": sampler.state_dict()}, tmp)
         os.replace(tmp, rank_file)
 
+    def _own_digests(self, staging: Path, zero_stage: int) -> dict[str, str]:
+        """Checksums of the files this rank wrote (still in the page cache)."""
+        rank = dist.rank()
+        names = [n for n in expected_files(zero_stage, dist.world_size()) if writer_rank(n) == rank]
+        if zero_stage > 0:
+            names += [p.name for p in staging.glob(expected_optim_pattern(rank))]
+        return digests_of(staging, [n for n in names if (staging / n).is_file()])
+
     def _publish(self, engine, manifest: Manifest, staging: Path) -> None:
         """Rank 0: verify every rank's files, write the manifest, swap in, move `latest`."""
         files = self._verify(staging, engine.zero_optimization_stage(), manifest.world_size)
-        dataclasses.replace(manifest, files=files).write(staging)
+        unhashed = [n for n in files if n not in manifest.checksums]  # none unless a new layout
+        checksums = {**manifest.checksums, **digests_of(staging, unhashed)}
+        checksums = {n: checksums[n] for n in files}
+        dataclasses.replace(
+            manifest, files=files, checksums=checksums, checksum_algorithm=ALGORITHM
+        ).write(staging)
         publish(staging, self.out_dir / manifest.tag)
         write_latest(self.out_dir, manifest.tag)
         self._prune(protect={manifest.tag, manifest.best_tag or ""})

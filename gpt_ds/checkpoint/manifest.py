@@ -2,8 +2,9 @@
 
 A tag directory is a checkpoint only once its manifest exists (see checkpointer.py for the save
 protocol). The manifest says what made the checkpoint (run config, model shape, world size,
-ZeRO stage, precision), where training stood (iteration, losses, best tag) and which files
-belong to it with their sizes, so that every reader can check a tag without loading it.
+ZeRO stage, precision, batch), where training stood (iteration, losses, best tag) and which
+files belong to it with their sizes and checksums, so that every reader can check a tag without
+loading it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class Manifest:
     model: dict[str, int]  # ModelShape fields
     config: dict[str, Any]  # the RunConfig that made it
     files: dict[str, int]  # file name -> size in bytes, every rank's files
+    checksums: dict[str, str] = field(default_factory=dict)  # file name -> hex digest
+    checksum_algorithm: str | None = None  # None: saved before gpt_ds recorded checksums
+    micro_batch_size: int | None = None  # the batch that made it (None: not recorded)
+    grad_accum: int | None = None
+    run_id: str | None = None  # the launch that saved it (also in metrics.jsonl)
     precision: str | None = None
     val_loss: float | None = None
     best_val_loss: float | None = None

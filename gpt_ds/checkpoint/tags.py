@@ -7,11 +7,13 @@ checked against the manifest's file list (present, at its recorded size) before 
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpt_ds.checkpoint.integrity import checksum_problems
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest, atomic_write_text
 from gpt_ds.errors import CheckpointError
 
@@ -98,9 +100,22 @@ def _listing(out_dir: Path) -> str:
     return f"complete tags: {', '.join(have)}" if have else "no complete tags"
 
 
-def _check_tag(out_dir: Path, tag: str, flag: str) -> CheckpointRef:
-    """`tag` as a CheckpointRef, or a CheckpointError saying why it is not loadable."""
+def _check_tag(
+    out_dir: Path,
+    tag: str,
+    flag: str,
+    verify: bool = False,
+    damaged: Mapping[str, str] | None = None,
+) -> CheckpointRef:
+    """`tag` as a CheckpointRef, or a CheckpointError saying why it is not loadable: no
+    manifest, a listed file missing or of another size, or (`verify`) another checksum, or
+    found damaged before (`damaged`: tag -> what is wrong)."""
     tag_dir = out_dir / tag
+    if damaged and tag in damaged:
+        raise CheckpointError(
+            f"{tag_dir}: damaged checkpoint: {damaged[tag]}. Use another tag "
+            f"({_listing(out_dir)}) or restore the file from a copy"
+        )
     if not tag_dir.is_dir() or tag.endswith(PARTIAL):
         raise CheckpointError(
             f"{flag} {tag}: no complete checkpoint with that tag in {out_dir} ({_listing(out_dir)})"
@@ -115,6 +130,12 @@ def _check_tag(out_dir: Path, tag: str, flag: str) -> CheckpointRef:
     if problems:
         raise CheckpointError(
             f"{tag_dir}: incomplete checkpoint ({'; '.join(problems)}); ({_listing(out_dir)})"
+        )
+    problems = checksum_problems(tag_dir, manifest, list(manifest.files)) if verify else []
+    if problems:
+        raise CheckpointError(
+            f"{tag_dir}: damaged checkpoint: {'; '.join(problems)}. Use another tag "
+            f"({_listing(out_dir)}) or restore the file from a copy"
         )
     return CheckpointRef(out_dir=out_dir, tag=tag, manifest=manifest)
 
@@ -134,10 +155,13 @@ def resolve(
     *,
     flag: str = "--tag",
     fall_back: bool = False,
+    verify: bool = False,
+    damaged: Mapping[str, str] | None = None,
     note: Callable[[str], None] = print,
 ) -> CheckpointRef:
     """The checkpoint a user asked for: `tag` in the run directory `path` (or `path` is a tag
-    directory), or with no tag the one `latest` names. Reads no weights.
+    directory), or with no tag the one `latest` names. Reads no weights, but with `verify`
+    every file once for its checksum; `damaged` names tags already found damaged.
 
     With `fall_back`, a `latest` that is missing or names a tag that is not loadable gives the
     newest loadable tag instead, said through `note`; a named tag never falls back. `flag` is
@@ -149,7 +173,7 @@ def resolve(
         raise CheckpointError(f"checkpoint directory {path} {what}")
     out_dir, tag = _split_tag_dir(path, tag)
     if tag is not None:
-        return _check_tag(out_dir, tag, flag)
+        return _check_tag(out_dir, tag, flag, verify, damaged)
     named = latest_tag(out_dir)
     if not fall_back:
         if named is None:
@@ -157,23 +181,28 @@ def resolve(
                 f"{out_dir}: no `{LATEST}` file names a checkpoint; give {flag} "
                 f"({_listing(out_dir)})"
             )
-        return _check_tag(out_dir, named, flag)
-    return _newest_loadable(out_dir, named, flag, note)
+        return _check_tag(out_dir, named, flag, verify, damaged)
+    check = functools.partial(_check_tag, out_dir, flag=flag, verify=verify, damaged=damaged)
+    return _newest_loadable(out_dir, named, flag, check, note)
 
 
 def _newest_loadable(
-    out_dir: Path, named: str | None, flag: str, note: Callable[[str], None]
+    out_dir: Path,
+    named: str | None,
+    flag: str,
+    check: Callable[[str], CheckpointRef],
+    note: Callable[[str], None],
 ) -> CheckpointRef:
     if named is not None:
         try:
-            return _check_tag(out_dir, named, flag)
+            return check(named)
         except CheckpointError as exc:
             reason = str(exc)
     else:
         reason = f"there is no `{LATEST}` file"
     for tag in reversed(complete_tags(out_dir)):
         try:
-            ref = _check_tag(out_dir, tag, flag)
+            ref = check(tag)
         except CheckpointError:
             continue
         note(f"checkpoint: {reason}; using the newest complete tag {tag!r}")

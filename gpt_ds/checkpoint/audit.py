@@ -1,0 +1,90 @@
+"""Check a run's checkpoints without loading them: tools/verify_checkpoint.py.
+
+For each tag: the manifest, every listed file present at its recorded size, and its checksum.
+Reads each file once and holds nothing in memory, so it can run beside a training job (on a
+copied run directory, or before `--resume` / export on another machine).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpt_ds.checkpoint.integrity import ALGORITHM, checksum_problems
+from gpt_ds.checkpoint.manifest import MANIFEST, Manifest
+from gpt_ds.checkpoint.tags import LATEST, complete_tags, file_problems, latest_tag, partial_dirs
+from gpt_ds.errors import CheckpointError
+
+
+@dataclass
+class TagReport:
+    tag: str
+    iteration: int
+    files: int
+    bytes: int
+    seconds: float
+    problems: list[str] = field(default_factory=list)
+    note: str = ""  # what could not be checked, e.g. no checksums recorded
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def audit_tag(tag_dir: Path, manifest: Manifest) -> TagReport:
+    started = time.perf_counter()
+    problems = file_problems(tag_dir, manifest)
+    if not problems:
+        problems = checksum_problems(tag_dir, manifest, list(manifest.files))
+    note = ""
+    if manifest.universal:
+        note = f"universal (converted from {manifest.source_tag}): sizes of its source not checked"
+    elif manifest.checksum_algorithm != ALGORITHM:
+        note = "sizes only (saved before gpt_ds recorded checksums)"
+    return TagReport(
+        tag=tag_dir.name,
+        iteration=manifest.iteration,
+        files=len(manifest.files),
+        bytes=sum(manifest.files.values()),
+        seconds=time.perf_counter() - started,
+        problems=problems,
+        note=note,
+    )
+
+
+def audit_run(path: Path, tag: str | None = None) -> tuple[Path, list[TagReport]]:
+    """(the run directory, reports): for `tag`, for `path` when it is a tag directory, else
+    for every complete tag, oldest first. A CheckpointError when there is nothing to check."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    if tag is None and (path / MANIFEST).is_file() and not (path / LATEST).is_file():
+        path, tag = path.parent, path.name
+    tags = [tag] if tag is not None else complete_tags(path)
+    if not tags:
+        raise CheckpointError(f"{path}: no complete checkpoint (looked for */{MANIFEST})")
+    reports = []
+    for t in tags:
+        manifest = Manifest.read(path / t)
+        if manifest is None:
+            have = ", ".join(complete_tags(path)) or "none"
+            raise CheckpointError(f"--tag {t}: no complete checkpoint in {path} (complete: {have})")
+        reports.append(audit_tag(path / t, manifest))
+    return path, reports
+
+
+def report_lines(out_dir: Path, reports: list[TagReport]) -> list[str]:
+    """A markdown-style table, the damaged files, and what else the directory holds."""
+    latest = latest_tag(out_dir)
+    lines = ["| tag | iteration | files | MiB | status |", "|---|---:|---:|---:|---|"]
+    for r in reports:
+        status = "ok" if r.ok else "DAMAGED"
+        status += f" ({r.note})" if r.note else ""
+        mark = " (latest)" if r.tag == latest else ""
+        mib = r.bytes / 2**20
+        lines.append(f"| {r.tag}{mark} | {r.iteration} | {r.files} | {mib:.1f} | {status} |")
+    for r in reports:
+        lines += [f"{out_dir / r.tag}: {p}" for p in r.problems]
+    lines += [f"{d}: incomplete (its save did not finish), ignored" for d in partial_dirs(out_dir)]
+    return lines
