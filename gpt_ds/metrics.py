@@ -55,8 +55,16 @@ def peak_memory_gib() -> float:
 class MetricsLogger:
     """Writes log and eval records on rank 0; a no-op elsewhere."""
 
-    def __init__(self, out_dir: str | Path, enabled: bool, flops_per_token: float, world_size: int):
+    def __init__(
+        self,
+        out_dir: str | Path,
+        enabled: bool,
+        flops_per_token: float,
+        world_size: int,
+        run_id: str = "",
+    ):
         self.enabled = enabled
+        self.run_id = run_id  # in every record: tells one launch's lines from another's
         self.path = Path(out_dir) / "metrics.jsonl"
         self.flops_per_token = flops_per_token
         self.world_size = world_size
@@ -67,7 +75,7 @@ class MetricsLogger:
     def write(self, record: dict) -> None:
         if self.enabled:
             with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps({**record, "run_id": self.run_id}) + "\n")
 
     def log_train(
         self,

@@ -1,10 +1,11 @@
 """Is a process still there? For leftovers named after the process that made them (a
-`.train.bin.PID.tmp` of a killed prepare_data, an export's `.OUT.tmp-PID`): only a dead
-process's leftovers may be removed, never those of a run still writing."""
+`.train.bin.PID.tmp` of a killed prepare_data, an export's `.OUT.tmp-PID`, an out dir's lock):
+only a dead process's leftovers may be removed, never those of a run still writing."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def pid_alive(pid: str | int) -> bool:
@@ -18,3 +19,16 @@ def pid_alive(pid: str | int) -> bool:
     except OSError:
         return True  # exists, owned by someone else
     return True
+
+
+def process_identity(pid: int) -> str | None:
+    """`BOOT_ID:START_TICKS` of a live process of this machine, None when there is no such
+    process. A pid reused by another process, or a reboot, gives another identity."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except (OSError, ValueError):
+        return None
+    # field 22 is the start time; field 2, the command, may hold spaces: split after its ')'
+    start_ticks = stat.rsplit(")", 1)[1].split()[19]
+    return f"{boot_id}:{start_ticks}"

@@ -7,6 +7,7 @@ checked before any model exists, identically on every rank) -> process group ->
 `Trainer(plan).run()` (trainer.py: model -> engine -> loop -> eval -> checkpoint).
 """
 
+import dataclasses
 import os
 import sys
 import time
@@ -26,7 +27,7 @@ if sys.prefix != sys.base_prefix:  # a venv: keep DeepSpeed's JIT-built ops insi
 warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", FutureWarning)
 
 # (E402 is off for this file in pyproject.toml: these imports must follow the sys.path fix)
-from gpt_ds import dist
+from gpt_ds import dist, run_lock
 from gpt_ds.checkpoint import (
     MANIFEST,
     CheckpointRef,
@@ -45,6 +46,7 @@ from gpt_ds.errors import CheckpointError, GptDsError
 from gpt_ds.memory.guard import check_fits, device_memory_bytes, host_memory_bytes
 from gpt_ds.model import ModelShape, pretrained_shape, resolve_shape
 from gpt_ds.report import memory_estimate
+from gpt_ds.run_lock import RunLock
 from gpt_ds.trainer import RunPlan, Trainer
 
 
@@ -55,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     except GptDsError as exc:
         return refuse(exc)
     dist.init()
+    lock = None
     try:
         try:
+            lock, plan = claim_out_dir(plan)
             plan = verify_resume(plan)
         except GptDsError as exc:
             return refuse(exc)
@@ -65,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rank {dist.rank()}] error: {exc}", file=sys.stderr, flush=True)
         return 2
     finally:
+        if lock is not None:
+            lock.release()
         dist.shutdown()
 
 
@@ -107,6 +113,21 @@ def model_shape(cfg: RunConfig) -> ModelShape:
     return pretrained_shape(cfg.init_from, cfg.block_size)
 
 
+def claim_out_dir(plan: RunPlan) -> tuple[RunLock | None, RunPlan]:
+    """Rank 0 takes the out dir's lock (run_lock.py) before any rank writes there; every rank
+    gets the outcome: the same OutDirBusy, or the plan with this launch's run id."""
+    lock, error = None, None
+    if dist.is_main():
+        try:
+            lock = run_lock.acquire(Path(plan.cfg.out_dir), run_lock.new_run_id())
+        except GptDsError as exc:
+            error = str(exc)
+    error, run_id = dist.gather_objects((error, lock.owner.run_id if lock else None))[0]
+    if error is not None:
+        raise run_lock.OutDirBusy(error)
+    return lock, dataclasses.replace(plan, run_id=run_id)
+
+
 def verify_resume(plan: RunPlan) -> RunPlan:
     """`plan` once the checkpoint it resumes from passed its checksums (every rank verifies a
     share of the files). A damaged `latest` gives way to the newest intact tag, said; a damaged
@@ -121,7 +142,8 @@ def verify_resume(plan: RunPlan) -> RunPlan:
             dist.print0(f"checkpoint: {ref.tag} verified ({size:.1f} MiB in {seconds:.1f} s)")
             return plan
         damaged[ref.tag] = "; ".join(problems)
-        plan = plan_run(plan.cfg, damaged)  # a named tag raises; `latest` falls back
+        # a named tag raises; `latest` falls back
+        plan = dataclasses.replace(plan_run(plan.cfg, damaged), run_id=plan.run_id)
     return plan
 
 

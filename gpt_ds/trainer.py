@@ -53,6 +53,7 @@ class RunPlan:
     data: TokenData
     resume: CheckpointRef | None  # the checked checkpoint to continue from, if any
     estimate: MemoryEstimate  # predicted per-rank memory, checked against the machine
+    run_id: str = ""  # this launch, in every metrics record and checkpoint (run_lock.py)
 
 
 @dataclass
@@ -143,7 +144,11 @@ class Trainer:
         if resume is not None:
             self._resume(resume)
         self.metrics = MetricsLogger(
-            cfg.out_dir, dist.is_main(), flops_per_token(self.shape), dist.world_size()
+            cfg.out_dir,
+            dist.is_main(),
+            flops_per_token(self.shape),
+            dist.world_size(),
+            run_id=self.plan.run_id,
         )
 
     def _build_engine(self):
@@ -282,6 +287,7 @@ class Trainer:
             precision=self.plan.ds.precision,
             micro_batch_size=self.plan.ds.micro_batch_size,
             grad_accum=self.plan.ds.grad_accum,
+            run_id=self.plan.run_id,
             val_loss=self.last_val,
             best_val_loss=self.best_val,
             best_tag=self.best_tag,

@@ -1,5 +1,6 @@
 """Shared test set-up: an isolated torch-extensions cache for DeepSpeed's JIT ops, and the
-session fixtures (prepared data, one training run per ZeRO stage). Helpers live in helpers/."""
+session fixtures (prepared data, one training run per ZeRO stage) and `launch`, a run in the
+background. Helpers live in helpers/."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_exte
 
 
 import pytest  # noqa: E402
+from helpers.faults import Launch  # noqa: E402
 from helpers.launch import (  # noqa: E402
     REPO,
     STAGE_RUN_ITERS,
@@ -50,3 +52,18 @@ def stage_run(shakespeare_dir, tmp_path_factory):
         return runs[stage]
 
     return get
+
+
+@pytest.fixture
+def launch(tmp_path):
+    """`launch(args, name, num_gpus=2)` starts a run; whatever is left is killed afterwards."""
+    started: list[Launch] = []
+
+    def start(args: list[str], name: str, num_gpus: int = 2) -> Launch:
+        run = Launch(args, tmp_path / f"{name}.log", num_gpus)
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        run.cleanup()

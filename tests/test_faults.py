@@ -58,21 +58,6 @@ ITERS = 8
 
 
 # ---------------------------------------------------------------------------- launching
-@pytest.fixture
-def launch(tmp_path):
-    """`launch(args, name, num_gpus=2)` starts a run; whatever is left is killed afterwards."""
-    started: list[Launch] = []
-
-    def start(args: list[str], name: str, num_gpus: int = 2) -> Launch:
-        run = Launch(args, tmp_path / f"{name}.log", num_gpus)
-        started.append(run)
-        return run
-
-    yield start
-    for run in started:
-        run.cleanup()
-
-
 # ---------------------------------------------------------------------------- run records
 def checkpoint_iters(out: Path) -> list[int]:
     """Checkpoints logged so far (the run may be writing its next line)."""
