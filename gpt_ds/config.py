@@ -81,6 +81,11 @@ class RunConfig:
         False, "At eval points, save only when val loss improves."
     )
     no_checkpoint: bool = option(False, "Never write checkpoints (quick experiments).")
+    allow_batch_change: bool = option(
+        False,
+        "Let --resume continue with another world size, micro-batch or accumulation than the "
+        "checkpoint's (not an exact continuation; the change is logged).",
+    )
     ignore_memory_estimate: bool = option(
         False, "Start even when the memory estimate says the run does not fit."
     )

@@ -38,6 +38,7 @@ from gpt_ds.checkpoint import (
     partial_dirs,
     resolve,
 )
+from gpt_ds.checkpoint.batch import Batch, check_batch
 from gpt_ds.config import RunConfig, parse_args, run_settings, validate
 from gpt_ds.data import load_token_data
 from gpt_ds.ds_config import resolve_ds_config
@@ -93,6 +94,10 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     ds = resolve_ds_config(
         load_ds_config(preset_path(cfg.deepspeed_config)), settings, source=cfg.deepspeed_config
     )
+    if resume is not None:
+        now = Batch(world, ds.micro_batch_size, ds.grad_accum, shape.block_size)
+        for line in check_batch(resume.manifest, now, cfg.allow_batch_change):
+            dist.print0(line)
     data = load_token_data(cfg.data_dir, shape.vocab_size, shape.block_size)
     check_writable(Path(cfg.out_dir))
     estimate = memory_estimate(shape, ds, cfg.activation_checkpointing)

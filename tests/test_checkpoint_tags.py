@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpt_ds.checkpoint import Manifest, complete_tags, is_checkpoint_dir, resolve
+from gpt_ds.checkpoint.batch import Batch, check_batch
 from gpt_ds.checkpoint.tags import partial_dirs
 from gpt_ds.errors import CheckpointError
 
@@ -121,3 +122,51 @@ def test_no_latest_and_nothing_to_fall_back_to(run, tmp_path):
         resolve(empty, flag="--resume", fall_back=True, note=lambda _m: None)
     with pytest.raises(CheckpointError, match="checkpoint directory .* does not exist"):
         resolve(tmp_path / "nope")
+
+
+# ---------------------------------------------------------------------------- batch changes
+def saved_manifest(**fields) -> Manifest:
+    base = dict(
+        tag="iter_10",
+        iteration=10,
+        world_size=2,
+        zero_stage=2,
+        model=SHAPE,
+        config={"seed": 1, "micro_batch_size": None, "grad_accum": None},
+        files={},
+        micro_batch_size=4,
+        grad_accum=2,
+    )
+    return Manifest(**{**base, **fields})
+
+
+def test_the_same_batch_resumes_silently():
+    assert check_batch(saved_manifest(), Batch(2, 4, 2, 32), allowed=False) == []
+
+
+def test_a_batch_change_is_refused_with_the_way_back():
+    with pytest.raises(CheckpointError) as err:
+        check_batch(saved_manifest(), Batch(4, 4, 1, 32), allowed=False)
+    assert str(err.value).splitlines() == [
+        "resuming iter_10 changes the batch: world size 2 -> 4, gradient accumulation 2 -> 1",
+        "  global batch 16 -> 16 sequences per step (512 -> 512 tokens); the 10 steps so far "
+        "saw 5,120 tokens",
+        "  data: ranks 0-1 continue their sample streams after 20 micro-batches; ranks 2-3 "
+        "start new ones",
+        "  a resume is exact only with the saved batch: resume with 2 ranks, "
+        "--micro_batch_size 4 --grad_accum 2; to accept the change, pass --allow_batch_change",
+    ]
+
+
+def test_an_allowed_micro_batch_change_is_reported():
+    lines = check_batch(saved_manifest(), Batch(2, 8, 2, 32), allowed=True)
+    assert lines[0] == "resuming iter_10 changes the batch: micro-batch 4 -> 8"
+    assert "with the new micro-batch every draw holds other samples" in lines[2]
+    assert lines[-1] == "--allow_batch_change: going on; this is not an exact continuation"
+
+
+def test_a_checkpoint_without_a_recorded_batch_compares_the_world_size_only():
+    old = saved_manifest(micro_batch_size=None, grad_accum=None)
+    assert check_batch(old, Batch(2, 8, 1, 32), allowed=False) == []
+    with pytest.raises(CheckpointError, match="world size 2 -> 1"):
+        check_batch(old, Batch(1, 8, 1, 32), allowed=False)

@@ -461,7 +461,23 @@ def test_resume_on_another_world_size(stage, refs, launch, shakespeare_dir, tmp_
     out = tmp_path / "resized"
     copy_checkpoint(ref.out, "iter_4", out)
 
-    one = launch(ref.args(out, resume=True, max_iters=6), "to_one", num_gpus=1).finish_ok()
+    refused = launch(ref.args(out, resume=True, max_iters=6), "refused", num_gpus=1)
+    assert refused.finish() == 2
+    assert (
+        "error: resuming iter_4 changes the batch: world size 2 -> 1\n"
+        "  global batch 8 -> 4 sequences per step (512 -> 256 tokens); the 4 steps so far saw "
+        "2,048 tokens\n"
+        "  data: rank 0 continues its sample stream after 4 micro-batches; the sample streams "
+        "of rank 1 end here\n"
+        "  a resume is exact only with the saved batch: resume with 2 ranks, "
+        "--micro_batch_size 4 --grad_accum 1; to accept the change, pass --allow_batch_change"
+    ) in refused.output, refused.tail()
+    assert sorted(p.name for p in out.iterdir()) == ["iter_4", "latest"]  # nothing written
+
+    resize = {"resume": True, "allow_batch_change": True}
+    one = launch(ref.args(out, **resize, max_iters=6), "to_one", num_gpus=1).finish_ok()
+    assert "resuming iter_4 changes the batch: world size 2 -> 1" in one.output
+    assert "--allow_batch_change: going on; this is not an exact continuation" in one.output
     assert "iter_4 was saved by 2 ranks, this run has 1: converting it" in one.output
     assert f"resumed from {out}/iter_4_universal at iteration 4" in one.output
     losses = train_losses(out)
@@ -471,7 +487,11 @@ def test_resume_on_another_world_size(stage, refs, launch, shakespeare_dir, tmp_
     assert train_lrs(out) == {i: ref.lrs[i] for i in (5, 6)}
     expected = batch_loss(out, "final", shakespeare_dir, ranks=[0, 1], position=6)
 
-    two = launch(ref.args(out, resume=True), "to_two").finish_ok()
+    two = launch(ref.args(out, **resize), "to_two").finish_ok()
+    assert (
+        "data: rank 0 continues its sample stream after 6 micro-batches; rank 1 starts a new stream"
+        in (two.output)
+    )
     assert "final was saved by 1 ranks, this run has 2: converting it" in two.output
     assert f"resumed from {out}/final_universal at iteration 6" in two.output
     losses = train_losses(out)

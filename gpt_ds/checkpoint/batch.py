@@ -1,0 +1,111 @@
+"""What a resume changes about the batch, said before training, refused unless allowed.
+
+A resume is exact only with the batch it was saved with: each rank draws its own sample stream
+(data.TrainSampler), so another world size drops or adds streams, and another micro-batch or
+accumulation changes the samples of every step and the tokens per step. Resuming that way can
+be what a user wants (fewer GPUs after a failure), but never silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpt_ds.checkpoint.manifest import Manifest
+from gpt_ds.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class Batch:
+    world_size: int
+    micro_batch_size: int | None  # None: not recorded (a checkpoint of an older gpt_ds)
+    grad_accum: int | None
+    block_size: int
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> Batch:
+        config = manifest.config
+        return cls(
+            world_size=manifest.world_size,
+            micro_batch_size=manifest.micro_batch_size or config.get("micro_batch_size"),
+            grad_accum=manifest.grad_accum or config.get("grad_accum"),
+            block_size=int(manifest.model["block_size"]),
+        )
+
+    @property
+    def sequences(self) -> int | None:
+        if self.micro_batch_size is None or self.grad_accum is None:
+            return None
+        return self.world_size * self.micro_batch_size * self.grad_accum
+
+    def flags(self) -> str:
+        ranks = f"{self.world_size} rank{'s' if self.world_size != 1 else ''}"
+        return f"{ranks}, --micro_batch_size {self.micro_batch_size} --grad_accum {self.grad_accum}"
+
+
+def _changed(name: str, old, new) -> str | None:
+    return None if old is None or old == new else f"{name} {old} -> {new}"
+
+
+def changes(saved: Batch, now: Batch) -> list[str]:
+    """'world size 2 -> 1' etc. for what differs (unrecorded values are not compared)."""
+    found = [
+        _changed("world size", saved.world_size, now.world_size),
+        _changed("micro-batch", saved.micro_batch_size, now.micro_batch_size),
+        _changed("gradient accumulation", saved.grad_accum, now.grad_accum),
+    ]
+    return [c for c in found if c]
+
+
+def _ranks(first: int, last: int) -> str:
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
+
+def data_position(saved: Batch, now: Batch, iteration: int) -> str:
+    """Where each rank's sample stream goes on, in words."""
+    drawn = iteration * (saved.grad_accum or 1)
+    kept = min(saved.world_size, now.world_size)
+    verb = "continues its sample stream" if kept == 1 else "continue their sample streams"
+    line = f"data: {_ranks(0, kept - 1)} {verb} after {drawn} micro-batches"
+    if now.world_size > saved.world_size:
+        verb = "starts a new stream" if now.world_size == saved.world_size + 1 else "start new ones"
+        line += f"; {_ranks(saved.world_size, now.world_size - 1)} {verb}"
+    elif now.world_size < saved.world_size:
+        gone = _ranks(now.world_size, saved.world_size - 1)
+        line += f"; the sample streams of {gone} end here"
+    if saved.micro_batch_size not in (None, now.micro_batch_size):
+        line += " (with the new micro-batch every draw holds other samples)"
+    return line
+
+
+def batch_report(manifest: Manifest, now: Batch) -> list[str]:
+    """Lines describing how resuming `manifest` with `now` changes the batch ([] if it does
+    not)."""
+    saved = Batch.of(manifest)
+    found = changes(saved, now)
+    if not found:
+        return []
+    lines = [f"resuming {manifest.tag} changes the batch: {', '.join(found)}"]
+    if saved.sequences is not None:
+        old_tokens, new_tokens = saved.sequences * saved.block_size, now.sequences * now.block_size
+        lines.append(
+            f"global batch {saved.sequences} -> {now.sequences} sequences per step "
+            f"({old_tokens:,} -> {new_tokens:,} tokens); the {manifest.iteration} steps so far "
+            f"saw {manifest.iteration * old_tokens:,} tokens"
+        )
+    lines.append(data_position(saved, now, manifest.iteration))
+    return lines
+
+
+def check_batch(manifest: Manifest, now: Batch, allowed: bool) -> list[str]:
+    """The report lines when the change is allowed; a CheckpointError when it is not."""
+    lines = batch_report(manifest, now)
+    if not lines:
+        return []
+    if allowed:
+        return [*lines, "--allow_batch_change: going on; this is not an exact continuation"]
+    saved = Batch.of(manifest)
+    keep = f"resume with {saved.flags()}" if saved.sequences else "resume with the same batch"
+    raise CheckpointError(
+        "\n  ".join(lines) + f"\n  a resume is exact only with the saved batch: {keep}; to "
+        "accept the change, pass --allow_batch_change"
+    )
