@@ -32,3 +32,21 @@ def process_identity(pid: int) -> str | None:
     # field 22 is the start time; field 2, the command, may hold spaces: split after its ')'
     start_ticks = stat.rsplit(")", 1)[1].split()[19]
     return f"{boot_id}:{start_ticks}"
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of a live process of this machine (None when it is gone)."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def command_line(pid: int) -> str:
+    """A live process's command line, arguments joined by spaces ('' when it is gone)."""
+    try:
+        raw = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()

@@ -239,7 +239,7 @@ class Trainer:
                 saved = True
         if not stop_requested:
             return False
-        dist.print0(f"received {self.stop.signal_name or 'a stop signal on another rank'}: saving")
+        dist.print0(f"{self.stop.reason or 'a stop was requested on another rank'}: saving")
         if not saved:  # not twice: the launcher SIGKILLs ranks 30 s after its SIGTERM
             self.save(f"iter_{it}")
         dist.print0(f"stopped at iteration {it}; resume with --resume (tag iter_{it})")

@@ -19,8 +19,9 @@ Measured exit codes (DeepSpeed 0.19.8, local launch, recorded in the assertions 
   rank status it polls, -9 (shell status 247) or the survivor's 1; `deepspeed` passes it on;
 - SIGTERM to the launcher: every rank saves and exits 0, the launcher exits 1 anyway
   (its handler ends in `sys.exit(1)`);
-- SIGTERM to `deepspeed` itself is not forwarded on a local launch: it dies and the ranks
-  train on, orphaned. Signal the launcher, or every process (Ctrl-C, Slurm, `kill -- -PGID`);
+- SIGTERM to `deepspeed` itself is not forwarded on a local launch: it dies at once (status
+  -15). The ranks watch for that (gpt_ds/stop.py): they stop as for SIGTERM, save, exit 0,
+  and the orphaned launcher exits 0 after them;
 - SIGINT to the whole process group (Ctrl-C): ranks save and exit 0; `deepspeed` dies of the
   KeyboardInterrupt at once, before the ranks finish saving.
 """
@@ -310,6 +311,37 @@ def test_sigterm_and_sigint_stop_cleanly_and_resume(refs, launch, tmp_path):
     got = train_losses(out)
     assert sorted(got) == list(range(1, n2 + 1))
     assert got == {i: ref.losses[i] for i in got}
+
+
+def test_sigterm_to_the_deepspeed_command_stops_the_orphaned_ranks(refs, launch, tmp_path):
+    """SIGTERM to the pid a job script knows, `deepspeed` itself: DeepSpeed's runner dies at
+    once without telling its launcher; the ranks notice within a second that the process that
+    started the launch is gone, finish the step, save and exit 0, and the launcher after them.
+    The resumed run equals the uninterrupted one bit for bit."""
+    ref = refs.get("zero2")
+    out = tmp_path / "run"
+    first = launch(ref.args(out), "runner_sigterm")
+    first.wait_for(lambda: max(logged_iters(out), default=0) >= 2, "iteration 2")
+    ranks = [first.rank(0), first.rank(1)]
+    launcher = first.launcher()
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.finish() == -signal.SIGTERM  # the runner: killed by the signal, at once
+    for p in [*ranks, launcher]:  # finish() waited for them: all exited, and cleanly
+        assert not p.is_running()
+    assert f"the process that started the launch (pid {first.proc.pid}) is gone: saving" in (
+        first.output
+    )
+    m = STOPPED.search(first.output)
+    assert m, first.tail()
+    n = int(m.group(1))
+    assert latest(out) == f"iter_{n}" and 2 <= n < ITERS
+    assert "exits with return code" not in first.output  # every rank exited 0
+    assert first.shm() == []
+
+    resumed = launch(ref.args(out, resume=True), "resume").finish_ok()
+    assert f"resumed from {out}/iter_{n} at iteration {n}" in resumed.output
+    assert train_losses(out) == ref.losses
+    assert_same_weights(ref.out, out)
 
 
 # ---------------------------------------------------------------------------- 5. disk
