@@ -9,9 +9,18 @@ A kill is either "train" (a random moment after a random iteration) or "save" (t
 `TAG.partial/` directory appears, i.e. while DeepSpeed writes the checkpoint), of a random
 rank. After every kill the drill checks that each checkpoint that was complete before it is
 still complete (manifest present, every file at its recorded size) and that `latest` names a
-complete one; the next launch must resume from the newest complete checkpoint. A checkpoint
-that fails either check is "lost". Prints one row per kill and a summary; exits 1 if a
-checkpoint was lost or the drilled run does not end bit-identical to the uninterrupted one.
+complete one; the next launch must resume from the newest intact checkpoint. A checkpoint
+that fails either check is "lost".
+
+Two more faults are mixed in, each at random half of the time: while a launch trains (paused
+meanwhile, so the two overlap), a second launch into the same out dir, which must be refused
+at once, the first going on untouched; and
+after a kill, 4 KiB of random bytes in a random file of the tag `latest` names (same size): the
+next resume must notice before loading and continue from the newest intact tag.
+
+Prints one row per kill and a summary; exits 1 if a checkpoint was lost, a second launch was
+not refused, a damaged tag was loaded, or the drilled run does not end bit-identical to the
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 # with tests/test_faults.py.
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+import psutil  # noqa: E402
 from helpers.faults import Launch  # noqa: E402
 from helpers.launch import run_python, tiny_run_args  # noqa: E402
 from helpers.runs import consolidated_model, train_losses, val_losses  # noqa: E402
@@ -111,6 +121,48 @@ def kill_once(
     return {"rank": victim, "where": where, "killed": True, "rc": rc}
 
 
+@contextlib.contextmanager
+def paused(run: Launch):
+    """SIGSTOP the run's processes for the duration (its lock holder stays alive)."""
+    procs = run.processes()
+    for p in procs:
+        p.suspend()
+    try:
+        yield
+    finally:
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.resume()
+
+
+def intruder_refused(data: Path, out: Path, log: Path, max_iters: int) -> bool:
+    """A second launch into `out` (another seed) while a run trains there: True when it is
+    refused at once (exit 2, naming the run that holds the directory)."""
+    intruder = Launch(run_args(data, out, max_iters, seed=99), log)
+    try:
+        rc = intruder.finish(timeout=120)
+    finally:
+        intruder.cleanup()
+    return rc == 2 and "is in use by run" in intruder.output
+
+
+def damage_latest(out: Path, rng: random.Random, damaged: dict[str, str]) -> str | None:
+    """Overwrite 4 KiB in the middle of a random file of the tag `latest` names (same size),
+    when an older complete tag exists to fall back to; 'TAG/FILE', or None."""
+    latest = (out / "latest").read_text().strip() if (out / "latest").exists() else None
+    complete = complete_checkpoints(out)
+    if latest not in complete or len(complete) - len(damaged) < 2 or latest in damaged:
+        return None
+    name = rng.choice(sorted(complete[latest]["files"]))
+    path = out / latest / name
+    size = path.stat().st_size
+    with path.open("r+b") as f:
+        f.seek(max(0, size // 2 - 2048))
+        f.write(rng.randbytes(min(4096, size)))
+    damaged[latest] = complete[latest]["saved_at"]
+    return f"{latest}/{name}"
+
+
 def table(headers: list[str], rows: list[list[str]]) -> str:
     """A Markdown table with padded columns."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
@@ -147,40 +199,58 @@ def main(argv: list[str] | None = None) -> int:
         ref.cleanup()
 
     out = work / "drilled"
-    rows, lost, resumes = [], 0, 0
+    rows, tally = (
+        [],
+        {"lost": 0, "resumes": 0, "refused": 0, "intruders": 0, "caught": 0, "damaged": 0},
+    )
+    damaged: dict[str, str] = {}  # tag -> saved_at of the manifest when we damaged it
     start = 0
     for k in range(1, args.kills + 1):
         mode = rng.choice(["train", "save"])
         complete = complete_checkpoints(out) if out.exists() else {}
-        newest = max((m["iteration"] for m in complete.values()), default=0)
+        damaged = {t: at for t, at in damaged.items() if complete.get(t, {}).get("saved_at") == at}
+        usable = {t: m for t, m in complete.items() if t not in damaged}
+        newest = max((m["iteration"] for m in usable.values()), default=0)
         if newest >= args.max_iters - 1 - EVAL_INTERVAL:  # no iter_* save left before `final`
             mode = "train"
-        resume = bool(complete)  # killed before the first checkpoint: start again
+        resume = bool(usable)  # killed before the first checkpoint: start again
         run = Launch(run_args(data, out, args.max_iters, resume=resume), work / f"launch{k}.log")
         try:
             if resume:
                 run.wait_for(lambda r=run: RESUMED.search(r.output), "the resume")
                 _tag, it = RESUMED.search(run.output).groups()
                 if int(it) != newest:
-                    lost += 1  # resumed from an older checkpoint than the newest complete one
-                resumes += 1
+                    tally["lost"] += 1  # resumed from another than the newest intact checkpoint
+                tally["caught"] += sum(f"{out}/{t}: damaged" in run.output for t in damaged)
+                tally["resumes"] += 1
                 start = int(it)
             else:
+                run.wait_for(lambda: (out / "gpt_ds.lock").exists(), "the out dir lock")
                 start = 0
+            intruder = "-"
+            if rng.random() < 0.5:  # a second launch into the same out dir, while this one runs
+                tally["intruders"] += 1
+                with paused(run):  # so that the two overlap however short the run is
+                    refused = intruder_refused(data, out, work / f"intruder{k}.log", args.max_iters)
+                tally["refused"] += refused
+                intruder = "refused" if refused else "NOT REFUSED"
             before = complete_checkpoints(out)
             event = kill_once(run, out, mode, rng, start, args.max_iters)
         finally:
             run.cleanup()
         if not event["killed"]:
-            rows.append((k, mode, event["rank"], event["where"], "run ended first", "", 0))
+            rows.append((k, mode, event["rank"], event["where"], "run ended first", "", "", "", 0))
             break
         gone = [t for t, m in before.items() if not intact(out, t, m)]
         latest = (out / "latest").read_text().strip() if (out / "latest").exists() else None
         bad_latest = latest is not None and latest not in complete_checkpoints(out)
-        lost += len(gone) + int(bad_latest)
+        tally["lost"] += len(gone) + int(bad_latest)
         partial = ", ".join(sorted(d.name for d in out.glob("*.partial"))) or "-"
+        hit = damage_latest(out, rng, damaged) if rng.random() < 0.5 else None
+        tally["damaged"] += bool(hit)
+        lost_now = len(gone) + bad_latest
         rows.append(
-            (k, mode, event["rank"], event["where"], latest, partial, len(gone) + bad_latest)
+            (k, mode, event["rank"], event["where"], latest, partial, intruder, hit, lost_now)
         )
 
     resume = bool(complete_checkpoints(out))
@@ -189,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         final.finish_ok()
     finally:
         final.cleanup()
-    resumes += int(resume)
+    tally["caught"] += sum(f"{out}/{t}: damaged" in final.output for t in damaged)
+    tally["resumes"] += int(resume)
     drilled, uninterrupted = train_losses(out), train_losses(ref_out)
     same_losses = drilled == uninterrupted
     wa = consolidated_model(ref_out, "final").state_dict()
@@ -204,8 +275,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         table(
-            ["kill", "mode", "rank", "killed while", "latest after", "partial dirs left", "lost"],
-            [[str(c) for c in row] for row in rows],
+            [
+                "kill",
+                "mode",
+                "rank",
+                "killed while",
+                "latest after",
+                "partial dirs left",
+                "2nd launch",
+                "then damaged",
+                "lost",
+            ],
+            [[str(c) if c is not None else "-" for c in row] for row in rows],
         )
     )
     killed = sum(1 for r in rows if r[4] != "run ended first")
@@ -217,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                 "runs killed",
                 "resumes",
                 "checkpoints lost",
+                "2nd launches refused",
+                "damaged tags caught before loading",
                 "final train loss (drilled / uninterrupted)",
                 "final val loss (drilled / uninterrupted)",
                 "bit-identical losses and weights",
@@ -224,8 +307,10 @@ def main(argv: list[str] | None = None) -> int:
             [
                 [
                     str(killed),
-                    str(resumes),
-                    str(lost),
+                    str(tally["resumes"]),
+                    str(tally["lost"]),
+                    f"{tally['refused']} of {tally['intruders']}",
+                    f"{tally['caught']} of {tally['damaged']}",
                     f"{drilled[args.max_iters]:.6f} / {uninterrupted[args.max_iters]:.6f}",
                     f"{vd:.6f} / {vu:.6f}",
                     same,
@@ -234,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(f"\nruns in {work}")
-    return 0 if lost == 0 and same_losses and same_weights else 1
+    sound = tally["lost"] == 0 and tally["refused"] == tally["intruders"]
+    sound = sound and tally["caught"] == tally["damaged"]
+    return 0 if sound and same_losses and same_weights else 1
 
 
 if __name__ == "__main__":
