@@ -31,18 +31,27 @@ class StopRequest:
         self.reason: str | None = None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
+        self._closed = threading.Event()
+        self._watcher: threading.Thread | None = None
         watched = launch_processes() if watch_launch else None
         if watched is not None:
-            threading.Thread(
+            self._watcher = threading.Thread(
                 target=self._watch, args=watched, name="gpt_ds-launch-watch", daemon=True
-            ).start()
+            )
+            self._watcher.start()
+
+    def close(self) -> None:
+        """End the watch before the interpreter exits: a daemon thread woken during
+        finalisation is torn down by pthread_exit, which can abort the process."""
+        self._closed.set()
+        if self._watcher is not None:
+            self._watcher.join()
 
     def _handle(self, signum, _frame) -> None:
         self.reason = f"received {signal.Signals(signum).name}"
 
     def _watch(self, launcher: int, starter: int | None) -> None:
-        stopped = threading.Event()
-        while not stopped.wait(WATCH_SECONDS):
+        while not self._closed.wait(WATCH_SECONDS):
             if os.getppid() != launcher:
                 self.reason = f"DeepSpeed's launcher (pid {launcher}) is gone"
             elif starter is not None and parent_pid(launcher) != starter:

@@ -99,6 +99,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.stop.close()
+
+    def _run(self) -> int:
         self.setup()
         if self.iteration >= self.cfg.max_iters:
             dist.print0(
