@@ -119,8 +119,17 @@ class RunLock:
         self._stop.set()
         self._beat.join()  # not left to interpreter shutdown (see stop.StopRequest.close)
         holder = LockOwner.read(self.path)
-        if holder is not None and holder.run_id == self.owner.run_id:
+        if holder is None or holder.run_id != self.owner.run_id:
+            return
+        try:
             self.path.unlink(missing_ok=True)
+        except OSError as exc:  # never mask the run's own outcome: the next run finds it stale
+            print(
+                f"warning: could not remove the lock {self.path} ({exc.strerror or exc}); "
+                "the next run will find it stale and replace it",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def busy_message(out_dir: Path, owner: LockOwner) -> str:
