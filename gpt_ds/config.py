@@ -43,6 +43,13 @@ class RunConfig:
     activation_checkpointing: bool = option(
         False, "Recompute activations in backward (less memory)."
     )
+    loss: str = option(
+        "full",
+        "full: the LM loss from the full tokens x vocabulary logits, as GPT2LMHeadModel computes "
+        "it; chunked: the loss and its gradients a chunk of tokens at a time, never all the "
+        "logits at once (less memory).",
+        choices=("chunked", "full"),
+    )
     precision: str = option(
         "auto", "auto (bf16 where supported, fp16 on older GPUs, else fp32), bf16, fp16 or fp32."
     )

@@ -95,19 +95,26 @@ def gpt2_config(shape: ModelShape, dropout: float = 0.0):
     )
 
 
-def build_model(shape: ModelShape, dropout: float = 0.0, init_from: str = "scratch"):
+def build_model(
+    shape: ModelShape, dropout: float = 0.0, init_from: str = "scratch", chunked_loss: bool = False
+):
     """A `GPT2LMHeadModel`: freshly initialised, or loaded from a Hugging Face directory/name.
 
-    `init_from` other than "scratch" is passed to `from_pretrained`; the hub is only reached
-    where the machine can, so offline clusters pass a local directory.
+    With `chunked_loss` it is training_model.GPT2TrainingModel, the same model whose forward
+    also computes the loss without the full logits (see `lm_loss`). `init_from` other than
+    "scratch" is passed to `from_pretrained`; the hub is only reached where the machine can,
+    so offline clusters pass a local directory.
     """
     from transformers import GPT2LMHeadModel
 
+    from gpt_ds.training_model import GPT2TrainingModel
+
+    cls = GPT2TrainingModel if chunked_loss else GPT2LMHeadModel
     if init_from == "scratch":
         cfg = gpt2_config(shape, dropout)
         cfg._attn_implementation = "sdpa"
-        return GPT2LMHeadModel(cfg)
-    return GPT2LMHeadModel.from_pretrained(
+        return cls(cfg)
+    return cls.from_pretrained(
         init_from,
         attn_implementation="sdpa",
         resid_pdrop=dropout,
@@ -154,8 +161,12 @@ def flops_per_token(shape: ModelShape) -> float:
 def lm_loss(model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy of `model` (a GPT2LMHeadModel or a DeepSpeed engine around one).
 
-    x, y: (B, T) token ids, y = x shifted by one. Logits are upcast to fp32 for the loss.
+    x, y: (B, T) token ids, y = x shifted by one. A GPT2TrainingModel computes it chunk by
+    chunk (chunked_loss.py); any other GPT-2 from the full logits, upcast to fp32.
     """
+    if getattr(getattr(model, "module", model), "takes_targets", False):
+        loss = model(input_ids=x, targets=y)
+        return loss * y.numel() if reduction == "sum" else loss
     logits = model(input_ids=x, use_cache=False).logits  # (B, T, V)
     return torch.nn.functional.cross_entropy(
         logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction=reduction

@@ -162,7 +162,9 @@ class Trainer:
 
         cfg, ds = self.cfg, self.plan.ds
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        model = build_model(self.shape, cfg.dropout, cfg.init_from)
+        model = build_model(
+            self.shape, cfg.dropout, cfg.init_from, chunked_loss=cfg.loss == "chunked"
+        )
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
         assert shape_of(model).num_params() == count_params(model)

@@ -1,0 +1,91 @@
+"""Next-token cross-entropy from the last hidden state, without the whole logits tensor.
+
+On GPT-2 the LM head (hidden × 50257-row tied embedding) gives by far the largest activation
+of a step: tokens × vocab logits, which autograd keeps (in fp32 once upcast) until backward.
+`chunked_cross_entropy` computes the loss over chunks of tokens and, when gradients are
+needed, the gradients of the hidden states and of the head's weight in the same pass, as
+(softmax - one-hot) / tokens times the chunk's inputs. At most one chunk of logits exists at a
+time, and backward keeps only the two gradients (tokens × width and vocab × width), not the
+logits. The softmax runs in fp32 as in `GPT2LMHeadModel`'s own loss (which upcasts the logits),
+and the gradients are cast to the hidden states' dtype before the matmuls, as autograd does
+there: same value and gradients to float rounding (tests/test_chunked_loss.py compares both).
+"""
+
+from __future__ import annotations
+
+import torch
+
+IGNORE_INDEX = -100
+CHUNK_LOGIT_BYTES = 64 << 20  # fp32 logits per chunk: 64 MiB, ~330 tokens of GPT-2's vocabulary
+
+
+def chunk_rows(vocab_size: int, budget_bytes: int = CHUNK_LOGIT_BYTES) -> int:
+    """Tokens per chunk so that one chunk's fp32 logits fit in `budget_bytes`."""
+    return max(1, budget_bytes // (4 * vocab_size))
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (hidden @ weight.t()).float()
+
+
+def _loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of -log p(label) over the chunk's counted tokens, log-sum-exp per row)."""
+    counted = labels != IGNORE_INDEX
+    safe = torch.where(counted, labels, 0)
+    lse = torch.logsumexp(logits, dim=-1)
+    target = logits.gather(1, safe[:, None]).squeeze(1)
+    return ((lse - target) * counted).sum(), lse
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Loss and both gradients in one pass over the chunks; backward only scales them."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, rows: int):
+        count = (labels != IGNORE_INDEX).sum().clamp(min=1).float()
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, hidden.shape[0], rows):
+            h, y = hidden[start : start + rows], labels[start : start + rows]
+            logits = _chunk_logits(h, weight)
+            loss_sum, lse = _loss_sum(logits, y)
+            total += loss_sum
+            # d(mean loss)/d(logits): softmax - one-hot, over the counted tokens
+            grad = logits.sub_(lse[:, None]).exp_()
+            counted = y != IGNORE_INDEX
+            grad[torch.arange(len(y), device=y.device), torch.where(counted, y, 0)] -= 1.0
+            grad.mul_((counted.float() / count)[:, None])
+            grad = grad.to(hidden.dtype)
+            grad_hidden[start : start + rows] = grad @ weight
+            if h.dtype == torch.float32:
+                grad_weight.addmm_(grad.t(), h)  # in place: no (vocab x width) temporary
+            else:
+                grad_weight += (grad.t() @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_output, grad_weight * grad_output, None, None
+
+
+def chunked_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, rows: int | None = None
+) -> torch.Tensor:
+    """Mean cross-entropy of `hidden @ weight.T` against `labels` (IGNORE_INDEX not counted).
+
+    hidden: (..., C) last hidden states; weight: (V, C) the LM head; labels: (...) token ids.
+    """
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    labels = labels.reshape(-1)
+    rows = rows or chunk_rows(weight.shape[0])
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(hidden, weight, labels, rows)
+    count = (labels != IGNORE_INDEX).sum().clamp(min=1).float()
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start in range(0, hidden.shape[0], rows):
+        logits = _chunk_logits(hidden[start : start + rows], weight)
+        total += _loss_sum(logits, labels[start : start + rows])[0]
+    return total / count

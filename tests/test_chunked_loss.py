@@ -1,0 +1,158 @@
+"""gpt_ds.chunked_loss against GPT2LMHeadModel's own loss path (full logits, upcast to fp32,
+torch's cross-entropy): same loss and same gradients of every parameter to float rounding, in
+fp32 and bf16, with uneven chunks and ignored tokens; what each keeps for backward; and real
+2-rank runs with `--loss chunked` following `--loss full` under ZeRO-2 and ZeRO-3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers.launch import run_deepspeed, tiny_run_args
+from helpers.runs import train_losses, val_losses
+
+from gpt_ds.chunked_loss import IGNORE_INDEX, chunked_cross_entropy
+from gpt_ds.model import ModelShape, build_model, lm_loss
+from gpt_ds.tokenizer import get_encoding
+
+TEXT = (
+    "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First "
+    "Citizen: You are all resolved rather to die than to famish? All: Resolved. resolved. "
+    "First Citizen: First, you know Caius Marcius is chief enemy to the people."
+)
+
+
+def batch(block: int = 24, rows: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.tensor(get_encoding().encode_ordinary(TEXT))
+    assert len(ids) > rows + block
+    windows = torch.stack([ids[i : i + block + 1] for i in range(rows)])
+    return windows[:, :-1], windows[:, 1:]
+
+
+def model(dtype: torch.dtype = torch.float32, chunked: bool = False):
+    """The same initial weights either way: plain GPT2LMHeadModel, or gpt_ds's training model."""
+    torch.manual_seed(0)
+    shape = ModelShape(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=50257)
+    return build_model(shape, chunked_loss=chunked).to(dtype).train()
+
+
+def chunked_loss(m, x, y, rows: int) -> torch.Tensor:
+    """Through the training model's own forward (the path the engine calls), `rows` tokens
+    per chunk."""
+    m.lm_head.chunk_rows = rows
+    return lm_loss(m, x, y)
+
+
+def grads(m) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in m.named_parameters()}
+
+
+@pytest.mark.parametrize("rows", [7, 1000])  # uneven chunks; one chunk holding every token
+def test_fp32_loss_and_gradients_equal_the_full_logits_path(rows):
+    x, y = batch()
+    ref, ours = model(), model(chunked=True)
+    assert type(ref).__name__ == "GPT2LMHeadModel" and type(ours).__name__ == "GPT2TrainingModel"
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), ours.parameters(), strict=True))
+    expected = lm_loss(ref, x, y)
+    expected.backward()
+    got = chunked_loss(ours, x, y, rows)
+    got.backward()
+    assert abs(got.item() - expected.item()) < 1e-5, (got.item(), expected.item())
+    want = grads(ref)
+    for name, g in grads(ours).items():
+        torch.testing.assert_close(g, want[name], rtol=1e-4, atol=1e-6, msg=name)
+    # the tied head/embedding weight receives both gradients
+    assert ours.lm_head.weight is ours.transformer.wte.weight
+
+
+def test_bf16_loss_and_gradients_equal_the_full_logits_path_to_bf16_rounding():
+    x, y = batch()
+    ref, ours = model(torch.bfloat16), model(torch.bfloat16, chunked=True)
+    expected = lm_loss(ref, x, y)
+    expected.backward()
+    got = chunked_loss(ours, x, y, rows=10)
+    got.backward()
+    assert got.dtype == torch.float32
+    assert abs(got.item() - expected.item()) < 1e-3 * expected.item()
+    want = grads(ref)
+    for name, g in grads(ours).items():
+        err = (g.float() - want[name].float()).norm() / want[name].float().norm().clamp(min=1e-12)
+        assert err < 2e-2, (name, err.item())
+
+
+def test_ignored_tokens_do_not_count_and_no_grad_gives_the_same_value():
+    x, y = batch()
+    y = y.clone()
+    y[0, :5] = IGNORE_INDEX
+    m = model()
+    hidden = m.transformer(input_ids=x).last_hidden_state
+    logits = m.lm_head(hidden).float()
+    expected = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+    got = chunked_cross_entropy(hidden, m.lm_head.weight, y, rows=9)
+    with torch.no_grad():
+        plain = chunked_cross_entropy(hidden, m.lm_head.weight, y, rows=9)
+    assert abs(got.item() - expected.item()) < 1e-5
+    assert plain.item() == pytest.approx(got.item(), abs=1e-6)
+
+
+def saved_bytes(loss_fn) -> int:
+    """Bytes autograd keeps for backward while `loss_fn()` runs (each tensor once)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss_fn()
+    return sum(seen.values())
+
+
+def test_backward_keeps_two_gradients_instead_of_the_logits():
+    """The head's share of what backward keeps: the full path holds tokens x vocab logits
+    (fp32), the chunked one the gradients of the hidden states and of the weight."""
+    x, y = batch(block=24, rows=3)
+    m = model()
+    hidden = m.transformer(input_ids=x).last_hidden_state.detach().requires_grad_()
+    weight = m.lm_head.weight
+    tokens, vocab, width = y.numel(), weight.shape[0], weight.shape[1]
+
+    def full():
+        logits = (hidden @ weight.t()).float()
+        return F.cross_entropy(logits.view(-1, vocab), y.reshape(-1))
+
+    full_bytes = saved_bytes(full)
+    chunked = saved_bytes(lambda: chunked_cross_entropy(hidden, weight, y, rows=16))
+    assert full_bytes >= tokens * vocab * 4
+    assert chunked <= (tokens * width + vocab * width) * 4 + 4096
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_chunked_run_follows_the_full_logits_run(stage, shakespeare_dir, tmp_path):
+    """Real 2-rank runs, --loss chunked against --loss full: the same loss curve and val
+    losses to float noise (under ZeRO-3 the tied head weight is gathered for the chunked
+    head as for the plain one)."""
+    curves = {}
+    for loss in ("full", "chunked"):
+        out = tmp_path / loss
+        args = tiny_run_args(
+            shakespeare_dir,
+            out,
+            deepspeed_config=f"ds_configs/zero{stage}.json",
+            max_iters=6,
+            eval_interval=3,
+            eval_iters=2,
+            warmup_iters=1,
+            loss=loss,
+            no_checkpoint=True,
+        )
+        run_deepspeed(args)
+        curves[loss] = (train_losses(out), val_losses(out))
+    (full_train, full_val), (ours_train, ours_val) = curves["full"], curves["chunked"]
+    assert sorted(ours_train) == list(range(1, 7)) and sorted(ours_val) == [3, 6]
+    for it, value in full_train.items():
+        assert abs(ours_train[it] - value) < 1e-4, (it, ours_train[it], value)
+    for it, value in full_val.items():
+        assert abs(ours_val[it] - value) < 1e-4, (it, ours_val[it], value)
+    assert full_train[6] < full_train[1] - 0.3  # it trained: the comparison means something
