@@ -21,26 +21,31 @@ def pid_alive(pid: str | int) -> bool:
     return True
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields 3 onwards of `/proc/PID/stat` (index 0 is field 3, the state), None when the
+    process is gone. Field 2, the command, may hold spaces: split after its closing ')'."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    return stat.rsplit(")", 1)[1].split()
+
+
 def process_identity(pid: int) -> str | None:
     """`BOOT_ID:START_TICKS` of a live process of this machine, None when there is no such
     process. A pid reused by another process, or a reboot, gives another identity."""
+    fields = _stat_fields(pid)
     try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except (OSError, ValueError):
+    except OSError:
         return None
-    # field 22 is the start time; field 2, the command, may hold spaces: split after its ')'
-    start_ticks = stat.rsplit(")", 1)[1].split()[19]
-    return f"{boot_id}:{start_ticks}"
+    return None if fields is None else f"{boot_id}:{fields[19]}"  # field 22: start time
 
 
 def parent_pid(pid: int) -> int | None:
     """The parent of a live process of this machine (None when it is gone)."""
-    try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[1])  # field 4: ppid
 
 
 def command_line(pid: int) -> str:

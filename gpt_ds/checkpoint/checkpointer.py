@@ -68,6 +68,17 @@ def expected_optim_pattern(rank: int) -> str:
     return f"*zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 
 
+def checkpoint_files(tag_dir: Path, zero_stage: int, world_size: int) -> list[str]:
+    """Every file a checkpoint of this run must hold; a rank's optimizer shard is its glob
+    pattern while no such file exists (its name depends on the precision)."""
+    names = expected_files(zero_stage, world_size)
+    if zero_stage > 0:
+        for r in range(world_size):
+            hits = sorted(tag_dir.glob(expected_optim_pattern(r)))
+            names += [h.name for h in hits] or [expected_optim_pattern(r)]
+    return names
+
+
 def publish(staging: Path, final: Path) -> None:
     """Swap a finished staging directory into place (replacing a same-named old tag)."""
     old = final.with_name(final.name + ".old")
@@ -210,11 +221,9 @@ class Checkpointer:
 
     def _own_digests(self, staging: Path, zero_stage: int) -> dict[str, str]:
         """Checksums of the files this rank wrote (still in the page cache)."""
-        rank = dist.rank()
-        names = [n for n in expected_files(zero_stage, dist.world_size()) if writer_rank(n) == rank]
-        if zero_stage > 0:
-            names += [p.name for p in staging.glob(expected_optim_pattern(rank))]
-        return digests_of(staging, [n for n in names if (staging / n).is_file()])
+        names = checkpoint_files(staging, zero_stage, dist.world_size())
+        mine = [n for n in names if writer_rank(n) == dist.rank() and (staging / n).is_file()]
+        return digests_of(staging, mine)
 
     def _publish(self, engine, manifest: Manifest, staging: Path) -> None:
         """Rank 0: verify every rank's files, write the manifest, swap in, move `latest`."""
@@ -250,13 +259,8 @@ class Checkpointer:
         return sum(manifest.files.values()) if manifest else None
 
     def _verify(self, staging: Path, zero_stage: int, world: int) -> dict[str, int]:
-        names = expected_files(zero_stage, world)
-        if zero_stage > 0:
-            for r in range(world):
-                hits = sorted(staging.glob(expected_optim_pattern(r)))
-                names += [h.name for h in hits] or [expected_optim_pattern(r)]
         sizes, bad = {}, []
-        for name in names:
+        for name in checkpoint_files(staging, zero_stage, world):
             p = staging / name
             size = p.stat().st_size if p.exists() else 0
             if size == 0:

@@ -100,6 +100,13 @@ def _listing(out_dir: Path) -> str:
     return f"complete tags: {', '.join(have)}" if have else "no complete tags"
 
 
+def _damaged(out_dir: Path, tag_dir: Path, what: str) -> CheckpointError:
+    return CheckpointError(
+        f"{tag_dir}: damaged checkpoint: {what}. Use another tag ({_listing(out_dir)}) or "
+        "restore the file from a copy"
+    )
+
+
 def _check_tag(
     out_dir: Path,
     tag: str,
@@ -112,10 +119,7 @@ def _check_tag(
     found damaged before (`damaged`: tag -> what is wrong)."""
     tag_dir = out_dir / tag
     if damaged and tag in damaged:
-        raise CheckpointError(
-            f"{tag_dir}: damaged checkpoint: {damaged[tag]}. Use another tag "
-            f"({_listing(out_dir)}) or restore the file from a copy"
-        )
+        raise _damaged(out_dir, tag_dir, damaged[tag])
     if not tag_dir.is_dir() or tag.endswith(PARTIAL):
         raise CheckpointError(
             f"{flag} {tag}: no complete checkpoint with that tag in {out_dir} ({_listing(out_dir)})"
@@ -133,10 +137,7 @@ def _check_tag(
         )
     problems = checksum_problems(tag_dir, manifest, list(manifest.files)) if verify else []
     if problems:
-        raise CheckpointError(
-            f"{tag_dir}: damaged checkpoint: {'; '.join(problems)}. Use another tag "
-            f"({_listing(out_dir)}) or restore the file from a copy"
-        )
+        raise _damaged(out_dir, tag_dir, "; ".join(problems))
     return CheckpointRef(out_dir=out_dir, tag=tag, manifest=manifest)
 
 
