@@ -61,7 +61,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if h.dtype == torch.float32:
                 grad_weight.addmm_(grad.t(), h)  # in place: no (vocab x width) temporary
             else:
-                grad_weight += (grad.t() @ h).float()
+                grad_weight.add_(grad.t() @ h)  # 16-bit product, summed in fp32
+            del logits, grad  # one chunk alive at a time (memory/activations.py counts one)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return total / count
 

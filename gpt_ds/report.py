@@ -44,7 +44,10 @@ def run_summary(model_name: str, shape: ModelShape, resolved: ResolvedDsConfig, 
 
 
 def memory_estimate(
-    shape: ModelShape, resolved: ResolvedDsConfig, activation_checkpointing: bool
+    shape: ModelShape,
+    resolved: ResolvedDsConfig,
+    activation_checkpointing: bool,
+    chunked_loss: bool,
 ) -> MemoryEstimate:
     """Predicted per-rank memory for this run (the model behind tools/pick_preset.py); works
     before the process group exists (world size from the launcher's environment)."""
@@ -61,6 +64,7 @@ def memory_estimate(
         precision=resolved.precision,
         activation_checkpointing=activation_checkpointing,
         zero_config=zero,
+        chunked_loss=chunked_loss,
     )
     return est
 

@@ -101,7 +101,9 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
             dist.print0(line)
     data = load_token_data(cfg.data_dir, shape.vocab_size, shape.block_size)
     check_writable(Path(cfg.out_dir))
-    estimate = memory_estimate(shape, ds, cfg.activation_checkpointing)
+    estimate = memory_estimate(
+        shape, ds, cfg.activation_checkpointing, chunked_loss=cfg.loss == "chunked"
+    )
     if not cfg.ignore_memory_estimate:
         check_fits(
             estimate,

@@ -36,6 +36,7 @@ from gpt_ds.memory import (
     parameter_layout,
     plan,
 )
+from gpt_ds.memory.activations import chunked_loss_bytes
 from gpt_ds.model import (
     MODEL_PRESETS,
     ModelShape,
@@ -239,10 +240,13 @@ def test_format_is_a_few_readable_lines():
 # ------------------------------------------------------------------------------ activations
 
 
-def _saved_bytes(shape: ModelShape, dtype, micro: int, checkpointing: bool) -> int:
-    """Bytes autograd keeps for backward (parameters excluded), each storage once."""
+def _saved_bytes(
+    shape: ModelShape, dtype, micro: int, checkpointing: bool, chunked: bool = False
+) -> int:
+    """Bytes autograd keeps for backward (parameters excluded), each storage once; through
+    GPT2LMHeadModel's own loss, or the training model's chunked one."""
     torch.manual_seed(0)
-    model = build_model(shape).to(dtype).train()
+    model = build_model(shape, chunked_loss=chunked).to(dtype).train()
     if checkpointing:
         enable_activation_checkpointing(model)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -256,7 +260,10 @@ def _saved_bytes(shape: ModelShape, dtype, micro: int, checkpointing: bool) -> i
 
     tokens = torch.randint(0, shape.vocab_size, (micro, shape.block_size))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=tokens, labels=tokens)
+        if chunked:
+            model(input_ids=tokens, targets=tokens)
+        else:
+            model(input_ids=tokens, labels=tokens)
     return sum(seen.values())
 
 
@@ -425,3 +432,19 @@ def test_cli_bad_input_subprocess():
         PICK + ["--model", "nope"] + BASE, capture_output=True, text=True, cwd=REPO
     )
     assert out.returncode == 2 and "error:" in out.stderr and "gpt2-xl" in out.stderr
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_chunked_loss_keeps_what_the_formula_says(precision):
+    """The training model's head keeps the two gradients of chunked_loss_bytes, no logits:
+    measured saved bytes = layers + other + kept; with more tokens than the model is wide,
+    the full-logits head keeps far more."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    shape, micro = ModelShape(2, 4, 256, 128), 8  # 1024 tokens, 256 wide
+    act = activation_bytes(shape, micro, precision, False, chunked_loss=True)
+    kept, transient = chunked_loss_bytes(shape, micro, precision)
+    measured = _saved_bytes(shape, dtype, micro, False, chunked=True)
+    assert close(measured, act["layers"] + act["other"] + kept, 0.10), (measured, kept)
+    assert act["logits"] == kept + transient
+    full = _saved_bytes(shape, dtype, micro, False)
+    assert full - measured > 0.5 * micro * shape.block_size * shape.vocab_size * 4

@@ -12,17 +12,19 @@ from gpt_ds.memory.guard import check_fits, host_memory_bytes
 from gpt_ds.model import resolve_shape
 
 
-def estimate(micro_batch_size: int):
+def estimate(micro_batch_size: int, world_size: int = 2):
+    """gpt2-tiny as the trainer runs it by default (chunked loss)."""
     return estimate_run(
         resolve_shape("gpt2-tiny", block_size=64),
         zero_stage=2,
         offload_optimizer=False,
         offload_param=False,
-        world_size=2,
-        gpus_per_node=2,
+        world_size=world_size,
+        gpus_per_node=world_size,
         micro_batch_size=micro_batch_size,
         precision="fp32",
         activation_checkpointing=False,
+        chunked_loss=True,
     )
 
 
@@ -52,10 +54,11 @@ def test_on_cpu_every_rank_counts_against_the_host():
 
 
 def test_an_impossible_run_is_refused_before_the_process_group(shakespeare_dir, tmp_path):
-    """micro-batch 4096 x block 64: ~150 GiB of logits per rank on a machine of far less."""
-    est = estimate(4096)
+    """micro-batch 16384 x block 64 in one process: ~60 GiB of activations on a machine of
+    far less (the chunked loss keeps the logits small, the layers' activations are not)."""
+    est = estimate(16384, world_size=1)
     assert est.total > host_memory_bytes()  # the premise, on this machine
-    args = tiny_run_args(shakespeare_dir, tmp_path / "out", micro_batch_size=4096)
+    args = tiny_run_args(shakespeare_dir, tmp_path / "out", micro_batch_size=16384)
     proc = run_python([str(TRAIN), *args], timeout=300, check=False)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "error: invalid configuration (memory estimate):" in proc.stderr

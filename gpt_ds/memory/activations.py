@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpt_ds.chunked_loss import chunk_rows
 from gpt_ds.memory.constants import PRECISION_BYTES
 from gpt_ds.model import ModelShape
 
@@ -22,12 +23,38 @@ EAGER_ATTN_BYTES_PER_ASSB = 5
 LOGIT_BYTES_PER_ELEMENT = 12
 
 
+def chunked_loss_bytes(shape: ModelShape, micro_batch_size: int, precision: str) -> tuple[int, int]:
+    """(kept for backward, transient in forward) bytes of the chunked loss (chunked_loss.py).
+
+    Kept: the gradients of the hidden states (tokens x width) and of the head's weight (vocab
+    x width), in the run precision. Transient while they are built: one chunk of logits (fp32,
+    plus the 16-bit matmul output it is upcast from) and, below fp32, the weight gradient's
+    fp32 accumulator with one 16-bit chunk product (in fp32 runs the accumulator is the kept
+    gradient).
+    """
+    tokens, vocab, width = micro_batch_size * shape.block_size, shape.vocab_size, shape.n_embd
+    w = PRECISION_BYTES[precision]
+    kept = tokens * width * w + vocab * width * w
+    chunk = min(chunk_rows(vocab), tokens) * vocab * (4 + (w if w < 4 else 0))
+    accumulator = vocab * width * (4 + w) if w < 4 else 0
+    return kept, accumulator + chunk
+
+
+def logit_bytes(shape: ModelShape, micro_batch_size: int, precision: str, chunked: bool) -> int:
+    """Peak bytes of the LM head's loss for one micro-batch: the full logits'
+    LOGIT_BYTES_PER_ELEMENT x tokens x vocab (GPT2LMHeadModel), or the chunked loss's."""
+    if chunked:
+        return sum(chunked_loss_bytes(shape, micro_batch_size, precision))
+    return LOGIT_BYTES_PER_ELEMENT * micro_batch_size * shape.block_size * shape.vocab_size
+
+
 def activation_bytes(
     shape: ModelShape,
     micro_batch_size: int,
     precision: str,
     activation_checkpointing: bool,
     sdpa: bool = True,
+    chunked_loss: bool = False,
 ) -> dict[str, int]:
     """Bytes kept for backward on one GPU: {"layers", "logits", "other"}.
 
@@ -46,6 +73,6 @@ def activation_bytes(
         layers = shape.n_layer * full_layer
     return {
         "layers": int(layers),
-        "logits": LOGIT_BYTES_PER_ELEMENT * b * s * shape.vocab_size,
+        "logits": logit_bytes(shape, micro_batch_size, precision, chunked_loss),
         "other": int(4 * s * b * h * scale),  # embedding output, final LayerNorm in/out
     }

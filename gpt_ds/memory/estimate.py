@@ -79,6 +79,8 @@ class MemoryEstimate:
     """Per node: everything above plus pinned staging buffers and the ranks' processes."""
     detail: dict[str, int] = field(default_factory=dict)
     """The finer split (bytes) behind each figure; keys named after what they hold."""
+    chunked_loss: bool = False
+    """The LM loss is computed in chunks (--loss chunked): no full logits (activations.py)."""
 
     @property
     def model_state_bytes(self) -> int:
@@ -139,7 +141,8 @@ class MemoryEstimate:
                 f"  {self.describe()}; per GPU:",
                 f"  params {g(self.params)} + grads {g(self.grads)} + optimizer states "
                 f"{g(self.optimizer_states)} = model states {g(self.model_state_bytes)}",
-                f"  + activations {g(self.activations)} (logits {g(self.detail['logits'])}) "
+                f"  + activations {g(self.activations)} "
+                f"({'chunked loss' if self.chunked_loss else 'logits'} {g(self.detail['logits'])}) "
                 f"+ buffers {g(self.buffers)} = {g(self.total)}",
                 f"  CPU per node: {g(self.cpu_bytes)} "
                 f"(model states {g(self.cpu_model_state_bytes)})",
@@ -219,12 +222,14 @@ def estimate_run(
     allgather_bucket_size: int | None = None,
     zero_config: dict[str, Any] | ZeroSettings | None = None,
     rank: int | None = None,
+    chunked_loss: bool = False,
 ) -> MemoryEstimate:
     """Predicted per-GPU and per-node-CPU memory of one DeepSpeed run of a GPT-2.
 
     `zero_config` is the DeepSpeed config's `zero_optimization` section (or ZeroSettings) for
     the bucket, prefetch and persistence sizes; the two bucket arguments override it; absent,
     DeepSpeed 0.19's defaults apply. `rank` picks a rank; by default the one holding the most.
+    `chunked_loss`: the LM loss is computed in chunks (--loss chunked), never the full logits.
     Raises ConfigError for impossible combinations.
     """
     _check_run(
@@ -242,7 +247,9 @@ def estimate_run(
     gpu, cpu_rank, rank = _model_states(
         shape, zero_stage, offload_optimizer, offload_param, world_size, precision, settings, rank
     )
-    act = activation_bytes(shape, micro_batch_size, precision, activation_checkpointing)
+    act = activation_bytes(
+        shape, micro_batch_size, precision, activation_checkpointing, chunked_loss=chunked_loss
+    )
     buffers = _buffers(shape, zero_stage, world_size, precision, settings)
     cpu = _cpu_per_node(shape, cpu_rank, ranks_per_node=min(gpus_per_node, world_size))
     act_detail = {f"activations_{k}" if k != "logits" else k: v for k, v in act.items()}
@@ -265,6 +272,7 @@ def estimate_run(
         cpu_model_state_bytes=cpu.model_states,
         cpu_bytes=cpu.total,
         detail={**gpu, **act_detail, **buffers, **cpu.detail},
+        chunked_loss=chunked_loss,
     )
 
 

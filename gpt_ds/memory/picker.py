@@ -27,6 +27,7 @@ DS_CONFIG_DIR = Path(__file__).resolve().parents[2] / "ds_configs"
 DEFAULT_GPU_TFLOPS = {"bf16": 100.0, "fp16": 100.0, "fp32": 25.0}  # achieved, per GPU
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeedCPUAdam, per node
 RECOMPUTE_FACTOR = 4 / 3  # activation checkpointing re-runs the forward: 8 instead of 6 FLOPs
+CHUNKED_LOSS = True  # the trainer's default --loss chunked: no full logits (activations.py)
 
 
 class CandidateSpec(NamedTuple):
@@ -211,6 +212,7 @@ def _candidate(
             precision=precision,
             activation_checkpointing=ckpt,
             zero_config=settings,
+            chunked_loss=CHUNKED_LOSS,
         )
 
     e1 = est(1)
