@@ -71,14 +71,27 @@ def device() -> torch.device:
     return torch.device("cpu") if name == "cpu" else torch.device(name, local_rank())
 
 
+def to_device(*tensors: torch.Tensor, dev: torch.device | None = None) -> list[torch.Tensor]:
+    """Host tensors onto this rank's device; to a GPU from pinned memory without waiting (the
+    copy overlaps the Python that follows; kernels on the same stream still see the data)."""
+    dev = dev or device()
+    if dev.type == "cpu":
+        return list(tensors)
+    return [t.pin_memory().to(dev, non_blocking=True) for t in tensors]
+
+
 def barrier() -> None:
     if tdist.is_initialized():
         tdist.barrier()
 
 
-def all_reduce_sum(values: list[float], dev: torch.device | None = None) -> list[float]:
-    """Sum a few float64 numbers across ranks (losses, token counts, flags)."""
-    t = torch.tensor(values, dtype=torch.float64, device=dev or device())
+def all_reduce_sum(
+    values: list[float | torch.Tensor], dev: torch.device | None = None
+) -> list[float]:
+    """Sum a few float64 numbers across ranks (losses, token counts, flags); a value may be a
+    0-d tensor still on the device, so the host waits only once, here."""
+    dev = dev or device()
+    t = torch.stack([torch.as_tensor(v, device=dev).to(torch.float64) for v in values])
     if tdist.is_initialized() and world_size() > 1:
         tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
     return t.tolist()

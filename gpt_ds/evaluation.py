@@ -44,15 +44,16 @@ def evaluate(
     mine = starts[rank::world_size]
     per_rank = math.ceil(len(starts) / world_size)
     steps = math.ceil(per_rank / micro_batch_size)
-    loss_sum, token_count = 0.0, 0.0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # no host sync per batch
+    token_count = 0.0
     for i in range(steps):
         chunk = mine[i * micro_batch_size : (i + 1) * micro_batch_size]
         weight = 1.0 if len(chunk) else 0.0
         if not len(chunk):  # keep in step with the other ranks (ZeRO-3 gathers per forward)
             chunk = starts[:1]
         x, y = window_batch(tokens, chunk, block_size)
-        loss = lm_loss(model, x.to(device), y.to(device), reduction="sum")
-        loss_sum += weight * loss.item()
+        loss = lm_loss(model, *dist.to_device(x, y, dev=device), reduction="sum")
+        loss_sum += weight * loss.detach()
         token_count += weight * y.numel()
     total_loss, total_tokens = dist.all_reduce_sum([loss_sum, token_count], device)
     if was_training:
