@@ -10,6 +10,7 @@ import json
 import math
 import resource
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -75,7 +76,9 @@ class MetricsLogger:
     def write(self, record: dict) -> None:
         if self.enabled:
             with self.path.open("a") as f:
-                f.write(json.dumps({**record, "run_id": self.run_id}) + "\n")
+                # wall-clock seconds: when each record was written (benchmarks time steps by it)
+                rec = {**record, "time": round(time.time(), 3), "run_id": self.run_id}
+                f.write(json.dumps(rec) + "\n")
 
     def log_train(
         self,

@@ -1,0 +1,156 @@
+"""The peers benchmarks/throughput.py times gpt_ds against, run one rank each by `deepspeed`:
+
+    deepspeed --num_gpus 2 benchmarks/peer_trainers.py --trainer hf --ds_config RESOLVED.json ...
+
+- `hf`: the Hugging Face `Trainer` (needs `accelerate`: `pip install '.[bench]'`), given the
+  same DeepSpeed config with its optimizer settings repeated in `TrainingArguments` (the
+  Trainer refuses a config that disagrees with them) and its own scheduler;
+- `bare`: a bare loop around `deepspeed.initialize` with the same config: the least any
+  trainer on this engine can add.
+
+Both train `GPT2LMHeadModel` with its own loss (full logits), on random windows of the same
+`train.bin`, at the same micro-batch and accumulation. Rank 0 writes the wall-clock time at the
+end of every optimizer step (and on GPUs the allocator's peak) to `--times` (JSON), which
+throughput.py turns into tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gpt_ds.data import load_token_data  # noqa: E402
+
+
+class RandomWindows(torch.utils.data.Dataset):
+    """`length` windows of `block` tokens at reproducible random offsets (labels = inputs:
+    GPT2LMHeadModel shifts them itself)."""
+
+    def __init__(self, tokens: np.ndarray, block: int, length: int, seed: int):
+        self.tokens, self.block, self.length, self.seed = tokens, block, length, seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        start = np.random.default_rng([self.seed, i]).integers(0, len(self.tokens) - self.block)
+        ids = torch.from_numpy(self.tokens[start : start + self.block].astype(np.int64))
+        return {"input_ids": ids, "labels": ids}
+
+
+def gpt2(args: argparse.Namespace):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(args.seed)
+    config = GPT2Config(
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        n_embd=args.n_embd,
+        n_positions=args.block_size,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def run_hf(args: argparse.Namespace, ds: dict, data: RandomWindows, times: list[float]) -> None:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    ds = {k: v for k, v in ds.items() if k != "scheduler"}  # the Trainer brings its own
+    opt = ds["optimizer"]["params"]
+    training_args = TrainingArguments(
+        output_dir=str(Path(args.times).parent / "hf_trainer"),
+        per_device_train_batch_size=ds["train_micro_batch_size_per_gpu"],
+        gradient_accumulation_steps=ds["gradient_accumulation_steps"],
+        max_steps=args.steps,
+        learning_rate=opt["lr"],
+        weight_decay=opt.get("weight_decay", 0.0),
+        adam_beta1=opt.get("betas", [0.9, 0.999])[0],
+        adam_beta2=opt.get("betas", [0.9, 0.999])[1],
+        adam_epsilon=opt.get("eps", 1e-8),
+        max_grad_norm=ds.get("gradient_clipping", 1.0),
+        lr_scheduler_type="constant",
+        bf16=ds.get("bf16", {}).get("enabled", False),
+        fp16=ds.get("fp16", {}).get("enabled", False),
+        deepspeed=ds,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
+        seed=args.seed,
+        disable_tqdm=True,
+        use_cpu=not torch.cuda.is_available(),
+    )
+
+    class StepTimes(TrainerCallback):
+        def on_step_end(self, *_, **__):
+            times.append(time.time())
+
+    trainer = Trainer(model=gpt2(args), args=training_args, train_dataset=data)
+    trainer.add_callback(StepTimes())
+    trainer.train()
+
+
+def run_bare(args: argparse.Namespace, ds: dict, data: RandomWindows, times: list[float]) -> None:
+    import deepspeed
+
+    deepspeed.init_distributed()
+    model = gpt2(args)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+    device = engine.device
+    index = rank() * len(data) // 2  # ranks draw different windows
+    for _ in range(args.steps):
+        for _ in range(accum):
+            batch = torch.stack([data[index + j]["input_ids"] for j in range(micro)]).to(device)
+            index += micro
+            loss = engine(input_ids=batch, labels=batch).loss
+            engine.backward(loss)
+            engine.step()
+        loss.item()  # what a logging loop waits for once per step
+        times.append(time.time())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trainer", choices=("hf", "bare"), required=True)
+    p.add_argument("--ds_config", required=True, help="a resolved DeepSpeed config (JSON)")
+    p.add_argument("--data_dir", required=True)
+    p.add_argument("--n_layer", type=int, required=True)
+    p.add_argument("--n_head", type=int, required=True)
+    p.add_argument("--n_embd", type=int, required=True)
+    p.add_argument("--block_size", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--times", required=True, help="rank 0 writes step end times here")
+    p.add_argument("--local_rank", type=int, default=0)  # from the deepspeed launcher
+    args = p.parse_args(argv)
+    ds = json.loads(Path(args.ds_config).read_text())
+    tokens = load_token_data(args.data_dir, 50257, args.block_size).train
+    batch = ds["train_batch_size"]
+    data = RandomWindows(tokens, args.block_size, 2 * batch * args.steps, args.seed)
+    times: list[float] = []
+    (run_hf if args.trainer == "hf" else run_bare)(args, ds, data, times)
+    if rank() == 0:
+        gpu = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+        Path(args.times).write_text(json.dumps({"times": times, "peak_gpu_gib": gpu}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

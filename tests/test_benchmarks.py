@@ -1,0 +1,40 @@
+"""Each benchmark runs at a tiny size, so none can rot. Benchmarks are not tests: nothing here
+asserts a speed, only that every row ran and the table is complete and consistent."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from helpers.launch import REPO, run_python
+
+
+@pytest.mark.slow
+def test_throughput_benchmark_prints_every_row(shakespeare_dir, tmp_path):
+    proc = run_python(
+        [
+            str(REPO / "benchmarks" / "throughput.py"),
+            "--models", "gpt2-tiny",
+            "--stages", "2",
+            "--block_size", "32",
+            "--micro_batch_size", "2",
+            "--grad_accum", "2",
+            "--steps", "3",
+            "--warmup", "1",
+            "--reps", "1",
+            "--data_dir", str(shakespeare_dir),
+            "--work_dir", str(tmp_path),
+        ],
+        timeout=600,
+    )  # fmt: skip
+    rows = re.findall(r"^\| (.+?) \| ([\d,]+) \| .* \| ([\d.]+) GiB \| ([\d.]+) \| ([\d.]+) \|$",
+                      proc.stdout, re.M)  # fmt: skip
+    names = [r[0] for r in rows]
+    assert names == ["gpt_ds", "gpt_ds --loss full", "HF Trainer", "bare DeepSpeed loop"], (
+        proc.stdout
+    )
+    for _, tps, gib, x_tps, x_mem in rows:
+        assert int(tps.replace(",", "")) > 0 and float(gib) > 0.1
+        assert float(x_tps) > 0 and float(x_mem) > 0
+    hf = next(r for r in rows if r[0] == "HF Trainer")
+    assert hf[3] == "1.00" and hf[4] == "1.00"  # the reference row
