@@ -30,8 +30,13 @@ def chunk_rows(vocab_size: int, device_type: str = "cuda") -> int:
     return max(1, budget // (4 * vocab_size))
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return (hidden @ weight.t()).float()
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, tokens: int | None) -> torch.Tensor:
+    """fp32 logits of a chunk; columns from `tokens` on (vocabulary padding) at -inf, so they
+    take no probability and get no gradient."""
+    logits = (hidden @ weight.t()).float()
+    if tokens is not None and tokens < logits.shape[-1]:
+        logits[:, tokens:] = float("-inf")
+    return logits
 
 
 def _loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,14 +52,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """Loss and both gradients in one pass over the chunks; backward only scales them."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, rows: int):
+    def forward(ctx, hidden, weight, labels, rows: int, tokens: int | None):
         count = (labels != IGNORE_INDEX).sum().clamp(min=1).float()
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for start in range(0, hidden.shape[0], rows):
             h, y = hidden[start : start + rows], labels[start : start + rows]
-            logits = _chunk_logits(h, weight)
+            logits = _chunk_logits(h, weight, tokens)
             loss_sum, lse = _loss_sum(logits, y)
             total += loss_sum
             # d(mean loss)/d(logits): softmax - one-hot, over the counted tokens
@@ -75,24 +80,30 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_output, grad_weight * grad_output, None, None
+        return grad_hidden * grad_output, grad_weight * grad_output, None, None, None
 
 
+@torch.compiler.disable  # eager under --compile: a loop of large matmuls, nothing to fuse
 def chunked_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, rows: int | None = None
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    rows: int | None = None,
+    tokens: int | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy of `hidden @ weight.T` against `labels` (IGNORE_INDEX not counted).
 
-    hidden: (..., C) last hidden states; weight: (V, C) the LM head; labels: (...) token ids.
+    hidden: (..., C) last hidden states; weight: (V, C) the LM head; labels: (...) token ids;
+    tokens: the real vocabulary when V is padded beyond it (the rest is never predicted).
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])
     labels = labels.reshape(-1)
     rows = rows or chunk_rows(weight.shape[0], hidden.device.type)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(hidden, weight, labels, rows)
+        return _LinearCrossEntropy.apply(hidden, weight, labels, rows, tokens)
     count = (labels != IGNORE_INDEX).sum().clamp(min=1).float()
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], rows):
-        logits = _chunk_logits(hidden[start : start + rows], weight)
+        logits = _chunk_logits(hidden[start : start + rows], weight, tokens)
         total += _loss_sum(logits, labels[start : start + rows])[0]
     return total / count

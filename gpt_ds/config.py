@@ -50,6 +50,17 @@ class RunConfig:
         "as GPT2LMHeadModel computes it (same value to float rounding).",
         choices=("chunked", "full"),
     )
+    vocab_multiple: int = option(
+        64,
+        "Pad the token embedding to a multiple of this many rows when training from scratch "
+        "(50257 -> 50304 at 64: aligned GPU matmuls); padding rows are never predicted and are "
+        "stripped on export. 1: no padding.",
+    )
+    compile: bool = option(
+        False,
+        "torch.compile the model through the DeepSpeed engine (the first iteration compiles; "
+        "runs eager, saying why, where it cannot compile).",
+    )
     precision: str = option(
         "auto", "auto (bf16 where supported, fp16 on older GPUs, else fp32), bf16, fp16 or fp32."
     )
@@ -229,6 +240,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         "eval_iters": (False, False),
         "eval_interval": (False, True),
         "keep_last": (False, True),
+        "vocab_multiple": (False, False),
     }
     for name, (allow_none, allow_zero) in rules.items():
         v = getattr(cfg, name)

@@ -6,7 +6,7 @@ any inference stack that reads Hugging Face GPT-2.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,6 +24,15 @@ class ModelShape:
     n_embd: int
     block_size: int = 1024
     vocab_size: int = GPT2_VOCAB_SIZE
+    """Rows of the token embedding (and of the tied LM head)."""
+    token_vocab_size: int | None = None
+    """Token ids the tokenizer produces, when below vocab_size: the rows above are padding
+    (`padded_vocab`), never predicted, stripped on export. None: every row is a token."""
+
+    @property
+    def tokens(self) -> int:
+        """The tokenizer's vocabulary: ids in [0, tokens) are real tokens."""
+        return self.token_vocab_size or self.vocab_size
 
     def num_params(self) -> int:
         """Exact parameter count of GPT2LMHeadModel with tied embeddings (lm_head shares wte)."""
@@ -66,6 +75,33 @@ def resolve_shape(
     )
 
 
+def padded_vocab(shape: ModelShape, multiple: int) -> ModelShape:
+    """`shape` with its embedding padded to a multiple of `multiple` rows (50257 -> 50304 at
+    64): GPU matmuls over an aligned dimension run faster. The padding rows are masked out of
+    the loss (they are never predicted) and no token id reaches them."""
+    rows = -(-shape.tokens // multiple) * multiple if multiple > 1 else shape.tokens
+    if rows == shape.tokens:
+        return replace(shape, vocab_size=rows, token_vocab_size=None)
+    return replace(shape, vocab_size=rows, token_vocab_size=shape.tokens)
+
+
+def unpadded(shape: ModelShape) -> ModelShape:
+    """The shape a Hugging Face GPT-2 of this model has: the tokenizer's rows only."""
+    return replace(shape, vocab_size=shape.tokens, token_vocab_size=None)
+
+
+def checkpoint_vocab(shape: ModelShape, saved: dict) -> ModelShape:
+    """`shape` with the vocabulary padding of the checkpoint it resumes (a run keeps the
+    embedding it started with, e.g. one saved before --vocab_multiple existed), when both
+    have the same tokens; otherwise `shape` as is, for check_model to refuse."""
+    tokens = saved.get("token_vocab_size") or saved.get("vocab_size")
+    if tokens != shape.tokens:
+        return shape
+    return replace(
+        shape, vocab_size=saved["vocab_size"], token_vocab_size=saved.get("token_vocab_size")
+    )
+
+
 def shape_problems(shape: ModelShape) -> list[str]:
     """Why `shape` cannot be built (sizes below 1, heads that do not divide the width); the one
     place this is checked, for the run config, the memory model and the preset picker alike."""
@@ -92,6 +128,8 @@ def gpt2_config(shape: ModelShape, dropout: float = 0.0):
         bos_token_id=50256,
         eos_token_id=50256,
         tie_word_embeddings=True,
+        # gpt_ds's own, only while training: rows from here on are padding, never predicted
+        **({"token_vocab_size": shape.token_vocab_size} if shape.token_vocab_size else {}),
     )
 
 
@@ -139,7 +177,8 @@ def enable_activation_checkpointing(model) -> None:
 def shape_of(model) -> ModelShape:
     """The shape of a built model (e.g. one loaded with `init_from`)."""
     c = model.config
-    return ModelShape(c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size)
+    tokens = getattr(c, "token_vocab_size", None)
+    return ModelShape(c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size, tokens)
 
 
 def count_params(model: torch.nn.Module) -> int:
@@ -164,12 +203,17 @@ def lm_loss(model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") ->
     x, y: (B, T) token ids, y = x shifted by one. A GPT2TrainingModel computes it chunk by
     chunk (chunked_loss.py); any other GPT-2 from the full logits, upcast to fp32.
     """
-    if getattr(getattr(model, "module", model), "takes_targets", False):
+    module = getattr(model, "module", model)
+    if getattr(module, "takes_targets", False):
         loss = model(input_ids=x, targets=y)
         return loss * y.numel() if reduction == "sum" else loss
     logits = model(input_ids=x, use_cache=False).logits  # (B, T, V)
+    logits = logits.float()
+    tokens = getattr(module.config, "token_vocab_size", None)
+    if tokens:  # padding rows are never predicted; in place: a slice would copy the logits
+        logits[..., tokens:] = float("-inf")
     return torch.nn.functional.cross_entropy(
-        logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction=reduction
+        logits.view(-1, logits.size(-1)), y.reshape(-1), reduction=reduction
     )
 
 

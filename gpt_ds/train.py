@@ -46,7 +46,13 @@ from gpt_ds.ds_config import resolve_ds_config
 from gpt_ds.ds_schema import load_ds_config, preset_path
 from gpt_ds.errors import CheckpointError, GptDsError
 from gpt_ds.memory.guard import check_fits, device_memory_bytes, host_memory_bytes
-from gpt_ds.model import ModelShape, pretrained_shape, resolve_shape
+from gpt_ds.model import (
+    ModelShape,
+    checkpoint_vocab,
+    padded_vocab,
+    pretrained_shape,
+    resolve_shape,
+)
 from gpt_ds.report import memory_estimate
 from gpt_ds.run_lock import RunLock
 from gpt_ds.trainer import RunPlan, Trainer
@@ -90,6 +96,8 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     shape = model_shape(cfg)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     resume = resume_checkpoint(cfg, shape, world, damaged)
+    if resume is not None:
+        shape = checkpoint_vocab(shape, resume.manifest.model)
     universal = resume is not None and needs_universal(resume.manifest, world)
     settings = run_settings(cfg, world, load_universal=universal)
     ds = resolve_ds_config(
@@ -99,7 +107,7 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
         now = Batch(world, ds.micro_batch_size, ds.grad_accum, shape.block_size)
         for line in check_batch(resume.manifest, now, cfg.allow_batch_change):
             dist.print0(line)
-    data = load_token_data(cfg.data_dir, shape.vocab_size, shape.block_size)
+    data = load_token_data(cfg.data_dir, shape.tokens, shape.block_size)
     check_writable(Path(cfg.out_dir))
     estimate = memory_estimate(
         shape, ds, cfg.activation_checkpointing, chunked_loss=cfg.loss == "chunked"
@@ -117,7 +125,8 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
 def model_shape(cfg: RunConfig) -> ModelShape:
     """The shape the run trains: a preset with overrides, or that of `--init_from` weights."""
     if cfg.init_from == "scratch":
-        return resolve_shape(cfg.model, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
+        shape = resolve_shape(cfg.model, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
+        return padded_vocab(shape, cfg.vocab_multiple)
     return pretrained_shape(cfg.init_from, cfg.block_size)
 
 
@@ -174,7 +183,7 @@ def resume_checkpoint(
         )
     tag = None if cfg.resume == "latest" else cfg.resume
     ref = resolve(out_dir, tag, flag="--resume", fall_back=True, damaged=damaged, note=dist.print0)
-    check_model(ref, asdict(shape))
+    check_model(ref, asdict(checkpoint_vocab(shape, ref.manifest.model)))
     return ref
 
 

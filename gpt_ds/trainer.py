@@ -23,6 +23,7 @@ from gpt_ds.checkpoint import (
     latest_tag,
     needs_universal,
 )
+from gpt_ds.compile_model import compile_engine
 from gpt_ds.config import RunConfig
 from gpt_ds.data import TokenData, TrainSampler
 from gpt_ds.ds_config import ResolvedDsConfig
@@ -122,12 +123,26 @@ class Trainer:
         self.engine.train()
         first = self.iteration + 1
         for it in range(first, self.cfg.max_iters + 1):
+            t0 = time.perf_counter()
             stop_requested = self.train_step(it)
             if it == first:
-                report.model_states(self.engine, self.estimate)
+                self._first_step_report(time.perf_counter() - t0)
             if self.after_step(it, stop_requested):
                 return 0
         return self.finish()
+
+    def _first_step_report(self, seconds: float) -> None:
+        """Memory after the first step; with --compile, its time (compilation included)."""
+        report.model_states(self.engine, self.estimate)
+        if self.cfg.compile:
+            self.metrics.event(
+                {
+                    "event": "compile",
+                    "iter": self.iteration,
+                    "seconds": round(seconds, 2),
+                    "message": f"first iteration {seconds:.1f} s (torch.compile included)",
+                }
+            )
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -172,6 +187,8 @@ class Trainer:
         engine, *_ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, weight_decay), config=ds.config
         )
+        if cfg.compile:
+            dist.print0(compile_engine(engine, dist.device().type))
         return engine
 
     def _resume(self, ref: CheckpointRef) -> None:

@@ -20,11 +20,14 @@ class LossHead(torch.nn.Linear):
     """GPT-2's LM head: logits as usual, or, given `targets`, their mean cross-entropy."""
 
     chunk_rows: int | None = None  # tokens per chunk; None: chunked_loss.chunk_rows
+    tokens: int | None = None  # the real vocabulary when the rows are padded beyond it
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if targets is None:
             return super().forward(hidden)
-        return chunked_cross_entropy(hidden, self.weight, targets, rows=self.chunk_rows)
+        return chunked_cross_entropy(
+            hidden, self.weight, targets, rows=self.chunk_rows, tokens=self.tokens
+        )
 
 
 class GPT2TrainingModel(GPT2LMHeadModel):
@@ -37,6 +40,7 @@ class GPT2TrainingModel(GPT2LMHeadModel):
         super().__init__(config)
         # the same Linear, tied to the embedding as before: only its forward is extended
         self.lm_head.__class__ = LossHead
+        self.lm_head.tokens = getattr(config, "token_vocab_size", None)
 
     def forward(self, input_ids=None, targets=None, **kwargs):
         if targets is None:

@@ -8,6 +8,14 @@ import re
 import pytest
 from helpers.launch import REPO, run_python
 
+ROWS = [
+    "gpt_ds",
+    "gpt_ds --loss full",
+    "gpt_ds --vocab_multiple 1",
+    "HF Trainer",
+    "bare DeepSpeed loop",
+]
+
 
 @pytest.mark.slow
 def test_throughput_benchmark_prints_every_row(shakespeare_dir, tmp_path):
@@ -22,6 +30,7 @@ def test_throughput_benchmark_prints_every_row(shakespeare_dir, tmp_path):
             "--steps", "3",
             "--warmup", "1",
             "--reps", "1",
+            # the default rows (--compile is tests/test_compile.py's: it compiles for long here)
             "--data_dir", str(shakespeare_dir),
             "--work_dir", str(tmp_path),
         ],
@@ -30,9 +39,7 @@ def test_throughput_benchmark_prints_every_row(shakespeare_dir, tmp_path):
     rows = re.findall(r"^\| (.+?) \| ([\d,]+) \| .* \| ([\d.]+) GiB \| ([\d.]+) \| ([\d.]+) \|$",
                       proc.stdout, re.M)  # fmt: skip
     names = [r[0] for r in rows]
-    assert names == ["gpt_ds", "gpt_ds --loss full", "HF Trainer", "bare DeepSpeed loop"], (
-        proc.stdout
-    )
+    assert names == ROWS, proc.stdout
     for _, tps, gib, x_tps, x_mem in rows:
         assert int(tps.replace(",", "")) > 0 and float(gib) > 0.1
         assert float(x_tps) > 0 and float(x_mem) > 0

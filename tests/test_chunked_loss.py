@@ -12,7 +12,14 @@ from helpers.launch import run_deepspeed, tiny_run_args
 from helpers.runs import train_losses, val_losses
 
 from gpt_ds.chunked_loss import IGNORE_INDEX, chunked_cross_entropy
-from gpt_ds.model import ModelShape, build_model, lm_loss
+from gpt_ds.model import (
+    ModelShape,
+    build_model,
+    checkpoint_vocab,
+    lm_loss,
+    padded_vocab,
+    unpadded,
+)
 from gpt_ds.tokenizer import get_encoding
 
 TEXT = (
@@ -156,3 +163,66 @@ def test_a_chunked_run_follows_the_full_logits_run(stage, shakespeare_dir, tmp_p
     for it, value in full_val.items():
         assert abs(ours_val[it] - value) < 1e-4, (it, ours_val[it], value)
     assert full_train[6] < full_train[1] - 0.3  # it trained: the comparison means something
+
+
+# ----------------------------------------------------------------------------- vocabulary padding
+
+
+def padded_pair(chunked: bool, pad_to: int = 64):
+    """A model with GPT-2's 50257 rows and the same model padded to a multiple of `pad_to`
+    (the padding rows random, as a fresh init leaves them), equal on every real row; with the
+    chunked loss, or GPT2LMHeadModel's full logits."""
+    shape = ModelShape(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=50257)
+    padded = padded_vocab(shape, pad_to)
+    torch.manual_seed(0)
+    plain = build_model(shape, chunked_loss=chunked).train()
+    torch.manual_seed(1)
+    big = build_model(padded, chunked_loss=chunked).train()
+    state = plain.state_dict()
+    with torch.no_grad():
+        for name, p in big.named_parameters():
+            src = state[name]
+            p[tuple(slice(0, n) for n in src.shape)].copy_(src)
+    return plain, big, padded
+
+
+def test_padding_rounds_the_vocabulary_up_and_keeps_the_tokens():
+    shape = ModelShape(n_layer=2, n_head=2, n_embd=64)
+    padded = padded_vocab(shape, 64)
+    assert (padded.vocab_size, padded.tokens, padded.token_vocab_size) == (50304, 50257, 50257)
+    assert padded_vocab(shape, 1) == shape and padded_vocab(padded, 1) == shape
+    assert unpadded(padded) == shape
+    assert padded.num_params() - shape.num_params() == 47 * 64
+
+
+@pytest.mark.parametrize("loss", ["chunked", "full"])
+def test_padding_rows_are_never_predicted(loss):
+    """Same loss and gradients as the unpadded model on every real row, for either loss; the
+    padding rows get exactly zero gradient (they take no probability)."""
+    plain, big, padded = padded_pair(chunked=loss == "chunked")
+    x, y = batch()
+    expected = lm_loss(plain, x, y)
+    got = lm_loss(big, x, y)  # the full logits are sliced to the real rows there
+    expected.backward()
+    got.backward()
+    assert abs(got.item() - expected.item()) < 1e-5
+    wte_big, wte = big.transformer.wte.weight.grad, plain.transformer.wte.weight.grad
+    torch.testing.assert_close(wte_big[: padded.tokens], wte, rtol=1e-4, atol=1e-6)
+    assert torch.count_nonzero(wte_big[padded.tokens :]) == 0
+    want = grads(plain)
+    for name, g in grads(big).items():
+        if "wte" not in name:
+            torch.testing.assert_close(g, want[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_resumed_run_keeps_the_checkpoints_vocabulary():
+    """A checkpoint saved unpadded (before --vocab_multiple, or with 1) resumes unpadded; one
+    with other tokens is left for check_model to refuse."""
+    from dataclasses import asdict
+
+    run = padded_vocab(ModelShape(n_layer=2, n_head=2, n_embd=64), 64)
+    old = {k: v for k, v in asdict(unpadded(run)).items() if k != "token_vocab_size"}
+    assert checkpoint_vocab(run, old) == unpadded(run)
+    assert checkpoint_vocab(run, asdict(run)) == run
+    other = {**old, "vocab_size": 32000}
+    assert checkpoint_vocab(run, other) == run

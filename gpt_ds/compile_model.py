@@ -1,0 +1,49 @@
+"""`--compile`: torch.compile of the model through the DeepSpeed engine (`engine.compile()`).
+
+The compiled graphs are built on the first forward and backward, so the first iteration
+carries the compile time (the trainer reports it apart from the steady-state speed). Where
+torch.compile cannot work, the run goes on eager, saying why: no C++ compiler for inductor on
+CPU, no Triton for it on a GPU, or `engine.compile()` itself refusing; a graph that fails to
+compile later also falls back to eager (dynamo's `suppress_errors`), with torch's own warning.
+The chunked loss stays eager (`torch.compiler.disable` in chunked_loss.py): it is a loop of
+large matmuls that compile would only unroll.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+
+
+def compile_blocker(device_type: str) -> str | None:
+    """Why torch.compile's default backend (inductor) cannot run here, or None."""
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile"
+    if device_type == "cpu":
+        cxx = os.environ.get("CXX") or "c++"
+        if shutil.which(cxx) is None and shutil.which("g++") is None:
+            return f"inductor needs a C++ compiler on CPU and {cxx!r}/'g++' is not on PATH"
+        return None
+    if device_type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            return "inductor needs Triton on the GPU and it is not installed"
+    return None
+
+
+def compile_engine(engine, device_type: str) -> str:
+    """Compile the engine's module; returns the line for the log (compiled, or why not)."""
+    blocker = compile_blocker(device_type)
+    if blocker is not None:
+        return f"--compile: training eager: {blocker}"
+    try:
+        engine.compile()
+    except (RuntimeError, ValueError) as exc:
+        return f"--compile: training eager: engine.compile() refused: {exc}"
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True  # a graph that cannot compile runs eager
+    return "--compile: model compiled by torch.compile (inductor); the first iteration compiles"

@@ -1,0 +1,52 @@
+"""--compile: a real 2-rank run compiled by torch.compile follows the eager run to float noise,
+reports its first (compiling) iteration apart, and a machine where inductor cannot work trains
+eager, saying why."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.launch import run_deepspeed, tiny_run_args
+from helpers.runs import train_losses, val_losses
+
+from gpt_ds.compile_model import compile_blocker
+from gpt_ds.metrics import read_metrics
+
+
+def test_no_cpp_compiler_is_named(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-c++")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    why = compile_blocker("cpu")
+    assert why is not None and "C++ compiler" in why and "no-such-c++" in why
+
+
+def test_a_cpu_with_a_compiler_can_compile():
+    assert compile_blocker("cpu") is None  # g++ is installed on every machine this runs on
+
+
+@pytest.mark.slow
+def test_a_compiled_run_follows_the_eager_run(shakespeare_dir, tmp_path):
+    curves, logs = {}, {}
+    for mode in ("eager", "compiled"):
+        out = tmp_path / mode
+        args = tiny_run_args(
+            shakespeare_dir,
+            out,
+            max_iters=4,
+            eval_interval=2,
+            eval_iters=2,
+            warmup_iters=1,
+            no_checkpoint=True,
+            compile=mode == "compiled",
+        )
+        logs[mode] = run_deepspeed(args, timeout=900).stdout
+        curves[mode] = (train_losses(out), val_losses(out))
+    assert "model compiled by torch.compile" in logs["compiled"]
+    assert "torch.compile" not in logs["eager"]
+    (eager_train, eager_val), (comp_train, comp_val) = curves["eager"], curves["compiled"]
+    assert sorted(comp_train) == [1, 2, 3, 4]
+    for it, value in eager_train.items():
+        assert abs(comp_train[it] - value) < 1e-4, (it, comp_train[it], value)
+    for it, value in eager_val.items():
+        assert abs(comp_val[it] - value) < 1e-4, (it, comp_val[it], value)
+    events = [r for r in read_metrics(tmp_path / "compiled") if r.get("event") == "compile"]
+    assert len(events) == 1 and events[0]["seconds"] > 0
