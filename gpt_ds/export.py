@@ -1,22 +1,19 @@
 """ZeRO checkpoint -> Hugging Face GPT-2 directory (or a bare safetensors / torch state dict).
 
-The weights are gathered by DeepSpeed's own consolidation code
-(`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`, lazy mode), which
-knows every ZeRO stage, offload setting, world size and precision DeepSpeed writes. What this
-module adds around it:
+The weights are located by DeepSpeed's own consolidation code (the steps of
+`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`), which knows every
+ZeRO stage, offload setting, world size and precision DeepSpeed writes. What this module adds
+around it:
 
 * checks first, before any heavy work: the checkpoint directory, the tag (no tag = the one
-  `latest` names), completeness (the gpt_ds manifest and every file it lists, at its size),
-  and an output directory that already holds something (`overwrite` to replace it);
-* about one fp32 copy of the model in host memory: the model is built on the `meta` device
-  (no weights of its own), and each consolidated tensor becomes its parameter as is
-  (`load_state_dict(assign=True)`). For ZeRO-1/2 DeepSpeed returns views of one merged flat
-  fp32 buffer, so the parameters are those views, not copies (re-wrapped so that savers do not
-  take them for aliases and clone them); for ZeRO-3 the lazy tensors are gathered one at a
-  time. Measured on GPT-2 small (0.46 GiB in fp32): peak anonymous memory = interpreter +
-  0.50 GiB for either stage; peak RSS adds the checkpoint pages DeepSpeed memory-maps;
+  `latest` names), completeness (the gpt_ds manifest and every file it lists, at its size and
+  checksum, the files hashed in parallel), and an output directory that already holds
+  something (`overwrite` to replace it);
+* no copy of the model in host memory: the weights are read where they lie in the
+  memory-mapped checkpoint files and streamed into the output (gpt_ds/export_stream.py);
 * the run's real architecture (from the manifest) in `config.json`, tied input/output
-  embeddings kept tied, the GPT-2 tokenizer from the packaged BPE files;
+  embeddings kept tied, the GPT-2 tokenizer from the packaged BPE files, written by a thread
+  while the weights are (transformers is slow to import; writing releases the GIL);
 * nothing half-written: everything goes into a temporary sibling directory that is renamed
   into place at the end, and removed on any error.
 """
@@ -32,14 +29,24 @@ import shutil
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from gpt_ds.checkpoint import CheckpointRef, resolve
 from gpt_ds.errors import CheckpointError
-from gpt_ds.model import gpt2_config
+from gpt_ds.export_stream import (
+    Weights,
+    quick_gil_handover,
+    read_weights,
+    split_shards,
+    verify_checksums,
+    write_safetensors,
+)
+from gpt_ds.model import gpt2_config, unpadded
 from gpt_ds.processes import pid_alive
 
 FORMATS = ("hf", "safetensors", "pt")
@@ -59,21 +66,48 @@ def resolve_checkpoint(path: str | Path, tag: str | None = None) -> CheckpointRe
     """The checkpoint to export: `path` is a run's out dir (with `tag`, else the one `latest`
     names) or a tag directory itself. Checked (complete, every file at its recorded size and
     checksum, not a universal checkpoint) before any heavy work; loads no weights."""
-    ref = resolve(path, tag, flag="--tag", verify=True)
+    ref = resolve(path, tag, flag="--tag")
     if ref.manifest.universal:
         raise CheckpointError(
             f"{ref.tag_dir} is a universal checkpoint (made to resume on another world size); "
             f"export the tag it was made from, {ref.manifest.source_tag!r}"
         )
+    verify_checksums(ref)
     return ref
+
+
+def describe_model(ref: CheckpointRef, dtype: torch.dtype = torch.float32):
+    """The run's `GPT2LMHeadModel` on the `meta` device: names, config, no weights."""
+    from transformers import GPT2LMHeadModel
+
+    shape = unpadded(ref.manifest.shape)  # GPT-2's own shape: vocabulary padding stripped
+    config = gpt2_config(shape, float(ref.manifest.config.get("dropout") or 0.0))
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config)
+    model.config.dtype = dtype
+    return model
+
+
+def check_names(weights: Weights, model) -> None:
+    """The checkpoint holds exactly the model's tensors, at the model's shapes."""
+    expected = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    found = {n: tuple(t.shape) for n, t in weights.tensors.items()}
+    if found != expected:
+        missing, extra = sorted(expected.keys() - found), sorted(found.keys() - expected)
+        resized = sorted(n for n in expected.keys() & found if expected[n] != found[n])
+        raise CheckpointError(
+            f"{weights.ref.tag_dir}: weights do not match GPT-2 of shape "
+            f"{weights.ref.manifest.shape} (missing {missing[:5]}, unexpected {extra[:5]}, "
+            f"other shapes {resized[:5]})"
+        )
 
 
 # --------------------------------------------------------------------------- consolidation
 def _own_storage(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor`, or for a view into a larger buffer, the same memory under a storage of its own.
 
-    ZeRO-1/2 parameters come back as views of one flat buffer. Savers treat tensors that share
-    a storage as aliases: `save_pretrained` clones each (a second copy of the model) and
+    Parameters come back as views of a rank's memory-mapped partition. Savers treat tensors
+    that share a storage as aliases: `save_pretrained` clones each (a copy of the model) and
     `torch.save` writes the whole buffer for each. Re-wrapping the view through DLPack copies
     nothing; the new storage keeps the buffer alive for as long as it lives.
     """
@@ -82,56 +116,33 @@ def _own_storage(tensor: torch.Tensor) -> torch.Tensor:
     return torch.from_dlpack(tensor.detach())
 
 
-@torch.no_grad()  # DeepSpeed's saved partitions require grad: a graph would pin them in memory
+@torch.no_grad()
 def consolidate(ref: CheckpointRef, dtype: torch.dtype = torch.float32, progress: bool = True):
     """A `GPT2LMHeadModel` (eval mode, on CPU) holding the checkpoint's consolidated weights.
 
     fp32 weights are DeepSpeed's fp32 master weights bit for bit; other dtypes are them cast.
+    fp32 ZeRO-1/2 parameters are views of the memory-mapped checkpoint files (copy on write).
     """
     from tqdm import tqdm
-    from transformers import GPT2LMHeadModel
 
-    shape = ref.manifest.shape
-    config = gpt2_config(shape, float(ref.manifest.config.get("dropout") or 0.0))
-    with torch.device("meta"):  # parameters without storage: the checkpoint's tensors fill them
-        model = GPT2LMHeadModel(config)
-    expected = set(model.state_dict())
-    # DeepSpeed prints (and logs, to stdout) as it goes: keep stdout for our own output
-    with contextlib.redirect_stdout(sys.stderr):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        try:
-            lazy = get_fp32_state_dict_from_zero_checkpoint(
-                str(ref.out_dir), tag=ref.tag, lazy_mode=True
-            )
-        except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            raise CheckpointError(f"{ref.tag_dir}: DeepSpeed cannot read it: {exc}") from exc
-    if set(lazy) != expected:
-        missing, extra = sorted(expected - set(lazy)), sorted(set(lazy) - expected)
-        raise CheckpointError(
-            f"{ref.tag_dir}: weights do not match GPT-2 of shape {shape} "
-            f"(missing {missing[:5]}, unexpected {extra[:5]})"
-        )
+    model = describe_model(ref, dtype)
+    weights = read_weights(ref, dtype)
+    check_names(weights, model)
     state: dict[str, torch.Tensor] = {}
     done: dict[int, torch.Tensor] = {}  # id(lazy tensor) -> tensor: tied names share one
-    names = list(lazy)
-    for name in tqdm(names, desc="consolidating", unit="tensor", disable=not progress):
-        lazy_tensor = lazy.pop(name)
-        if id(lazy_tensor) not in done:
-            # ZeRO-3: gathers this tensor's partitions from every rank's file (one at a time);
-            # ZeRO-1/2: a view of the merged flat buffer, already contiguous: no copy
-            tensor = lazy_tensor.contiguous()
-            if tensor.is_floating_point() and tensor.dtype != dtype:
-                tensor = tensor.to(dtype)
-            done[id(lazy_tensor)] = _own_storage(tensor)
-        state[name] = done[id(lazy_tensor)]
-    del lazy, done
+    for name in tqdm(
+        list(weights.tensors), desc="consolidating", unit="tensor", disable=not progress
+    ):
+        lazy = weights.tensors.pop(name)
+        if id(lazy) not in done:
+            done[id(lazy)] = _own_storage(weights.read(lazy))
+        state[name] = done[id(lazy)]
+    del weights, done
     model.load_state_dict(state, strict=True, assign=True)
     del state
     model.tie_weights()  # assign=True gave lm_head its own Parameter object over wte's storage
     if model.lm_head.weight is not model.transformer.wte.weight:
         raise CheckpointError(f"{ref.tag_dir}: lm_head and wte could not be tied")
-    model.config.dtype = dtype
     return model.eval()
 
 
@@ -216,44 +227,35 @@ def staged_output(output: Path):
         raise
 
 
-def _unique_state(model) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The model's state dict without tied duplicates, and {duplicate: name it aliases}."""
-    unique, aliases, seen = {}, {}, {}
-    for name, t in model.state_dict().items():
-        key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
-        if key in seen:
-            aliases[name] = seen[key]
-        else:
-            seen[key] = name
-            unique[name] = t
-    return unique, aliases
+def _progress(total: int, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="writing", unit="tensor", disable=not progress)
 
 
-def write_state_dict(model, folder: Path, fmt: str, max_shard_size: int) -> list[str]:
+def write_state_dict(weights: Weights, folder: Path, fmt: str, max_shard_size: int) -> list[str]:
     """A bare state dict: `model.safetensors` (tied duplicates left out, as Hugging Face does;
     recorded in the metadata) or `pytorch_model.bin` (all names, tied ones sharing storage),
     sharded with an index json past `max_shard_size`. Returns the files written."""
-    from huggingface_hub import split_torch_state_dict_into_shards
-    from safetensors.torch import save_file
-
-    unique, aliases = _unique_state(model)
+    unique, aliases = weights.unique()
     pattern = "model{suffix}.safetensors" if fmt == "safetensors" else "pytorch_model{suffix}.bin"
-    split = split_torch_state_dict_into_shards(
-        unique, filename_pattern=pattern, max_shard_size=max_shard_size
-    )
+    split = split_shards(unique, weights.dtype, pattern, max_shard_size)
     weight_map = dict(split.tensor_to_filename)
-    for shard, names in split.filename_to_tensors.items():
-        shard_state = {n: unique[n].detach().contiguous() for n in names}  # no copies
-        if fmt == "safetensors":
-            meta = {"format": "pt", "tied": json.dumps(aliases)}
-            save_file(shard_state, str(folder / shard), metadata=meta)
-        else:
+    with _progress(len(unique), weights.progress) as bar:
+        for shard, names in split.filename_to_tensors.items():
+            if fmt == "safetensors":
+                meta = {"format": "pt", "tied": json.dumps(aliases)}
+                shard_tensors = {n: unique[n] for n in names}
+                write_safetensors(folder / shard, shard_tensors, weights, meta, bar)
+                continue
+            shard_state = {n: _own_storage(weights.read(unique[n])) for n in names}
             for alias, target in aliases.items():
                 if target in shard_state:
                     shard_state[alias] = shard_state[target]  # saved once, as in the model
                     weight_map[alias] = shard
             torch.save(shard_state, folder / shard)
-        del shard_state
+            bar.update(len(names))
+            del shard_state
     if split.is_sharded:
         index_name = pattern.format(suffix="") + ".index.json"
         index = {"metadata": split.metadata, "weight_map": dict(sorted(weight_map.items()))}
@@ -261,15 +263,42 @@ def write_state_dict(model, folder: Path, fmt: str, max_shard_size: int) -> list
     return sorted(p.name for p in folder.iterdir())
 
 
-def write_hf(model, folder: Path, max_shard_size: int) -> None:
-    """`save_pretrained` of model (config, safetensors, generation config) and tokenizer."""
+def write_hf(weights: Weights, folder: Path, max_shard_size: int) -> None:
+    """The weights as `save_pretrained` writes them: `model.safetensors` without the tied
+    lm_head (or shards and `model.safetensors.index.json`), metadata {"format": "pt"}."""
+    unique, _ = weights.unique()
+    split = split_shards(unique, weights.dtype, "model{suffix}.safetensors", max_shard_size)
+    with _progress(len(unique), weights.progress) as bar:
+        for shard, names in split.filename_to_tensors.items():
+            shard_tensors = {n: unique[n] for n in names}
+            write_safetensors(folder / shard, shard_tensors, weights, {"format": "pt"}, bar)
+    if split.is_sharded:
+        total = unpadded(weights.ref.manifest.shape).num_params()  # tied embeddings once
+        index = {
+            "metadata": {"total_parameters": total, **split.metadata},
+            "weight_map": split.tensor_to_filename,
+        }
+        text = json.dumps(index, indent=2, sort_keys=True) + "\n"
+        (folder / "model.safetensors.index.json").write_text(text)
+
+
+def write_model_files(ref: CheckpointRef, dtype: torch.dtype, fmt: str, folder: Path):
+    """config.json; for `hf` also generation_config.json and the tokenizer, as `save_pretrained`
+    writes them. Returns the model on `meta` (its names check the weights)."""
     from gpt_ds.tokenizer import assets_dir
 
-    model.save_pretrained(folder, max_shard_size=max_shard_size)
+    model = describe_model(ref, dtype)
+    if fmt != "hf":
+        model.config.save_pretrained(folder)
+        return model
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
     gpt2_tokenizer(model.config.n_positions).save_pretrained(folder)
     # the original GPT-2 file names too, for tools that read them instead of tokenizer.json
     shutil.copyfile(assets_dir() / "encoder.json", folder / "vocab.json")
     shutil.copyfile(assets_dir() / "vocab.bpe", folder / "merges.txt")
+    return model
 
 
 @dataclass
@@ -291,8 +320,8 @@ def peak_rss_gib() -> float:
 class AnonPeak:
     """Peak anonymous (not file-backed) resident memory, sampled every 10 ms (Linux only).
 
-    RSS also counts the checkpoint files DeepSpeed memory-maps: clean page cache the kernel
-    can drop at will. The anonymous part is the memory the conversion really needs.
+    RSS also counts the checkpoint files memory-mapped here: clean page cache the kernel can
+    drop at will. The anonymous part is the memory the conversion really needs.
     """
 
     def __init__(self) -> None:
@@ -327,6 +356,21 @@ class AnonPeak:
         self._thread.join()
 
 
+def _record(ref: CheckpointRef, fmt: str, dtype: str) -> dict[str, Any]:
+    m = ref.manifest
+    return {
+        "source": str(ref.tag_dir.resolve()),
+        "tag": ref.tag,
+        "iteration": m.iteration,
+        "zero_stage": m.zero_stage,
+        "world_size": m.world_size,
+        "trained_precision": m.precision,
+        "val_loss": m.val_loss,
+        "format": fmt,
+        "dtype": dtype,
+    }
+
+
 def export_checkpoint(
     checkpoint: str | Path,
     output: str | Path,
@@ -356,26 +400,20 @@ def export_checkpoint(
         f"world size {m.world_size}, trained in {m.precision}) "
         f"-> {output} [{fmt}, {dtype}]"
     )
-    with AnonPeak() as anon, staged_output(output) as tmp:
-        model = consolidate(ref, DTYPES[dtype], progress=progress)
-        if fmt == "hf":
-            write_hf(model, tmp, shard_bytes)
-        else:
-            model.config.save_pretrained(tmp)
-            write_state_dict(model, tmp, fmt, shard_bytes)
-        del model
-        record = {
-            "source": str(ref.tag_dir.resolve()),
-            "tag": ref.tag,
-            "iteration": m.iteration,
-            "zero_stage": m.zero_stage,
-            "world_size": m.world_size,
-            "trained_precision": m.precision,
-            "val_loss": m.val_loss,
-            "format": fmt,
-            "dtype": dtype,
-        }
-        (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    with AnonPeak() as anon, staged_output(output) as tmp, ThreadPoolExecutor(1) as pool:
+        weights = read_weights(ref, DTYPES[dtype], progress)
+        # config and tokenizer (mostly importing transformers, which holds the GIL) while the
+        # weights are written (which releases it)
+        with quick_gil_handover():
+            model_files = pool.submit(write_model_files, ref, DTYPES[dtype], fmt, tmp)
+            if fmt == "hf":
+                write_hf(weights, tmp, shard_bytes)
+            else:
+                write_state_dict(weights, tmp, fmt, shard_bytes)
+            model = model_files.result()
+        check_names(weights, model)
+        del weights
+        (tmp / EXPORT_RECORD).write_text(json.dumps(_record(ref, fmt, dtype), indent=2) + "\n")
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
     return ExportResult(
         output=output.resolve(),
@@ -391,10 +429,10 @@ def export_summary(result: ExportResult) -> str:
     total = sum(result.files.values())
     lines = [f"wrote {result.output} ({len(result.files)} files, {total / 1e6:.1f} MB):"]
     lines += [f"  {name}  {size:,} bytes" for name, size in result.files.items()]
-    n = result.ref.manifest.shape.num_params()
+    n = unpadded(result.ref.manifest.shape).num_params()
     anon = (
         f" (anonymous memory {result.peak_anon_gib:.2f} GiB; RSS also counts the checkpoint "
-        "files DeepSpeed memory-maps, page cache the kernel can reclaim)"
+        "files memory-mapped, page cache the kernel can reclaim)"
         if result.peak_anon_gib is not None
         else ""
     )

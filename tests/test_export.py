@@ -24,7 +24,7 @@ from gpt_ds import export
 from gpt_ds.data import eval_windows, window_batch
 from gpt_ds.errors import CheckpointError
 from gpt_ds.metrics import read_metrics
-from gpt_ds.model import ModelShape, gpt2_config
+from gpt_ds.model import ModelShape, gpt2_config, unpadded
 
 TOOLS = REPO / "tools"
 EVAL_ITERS, MICRO_BATCH, BLOCK = 4, 4, 64  # the stage runs' (helpers.launch.tiny_run_args)
@@ -52,11 +52,18 @@ def deepspeed_reference(out: Path, tmp: Path) -> dict[str, torch.Tensor]:
     return torch.load(dest / "pytorch_model.bin", weights_only=True)
 
 
+def real_rows(state: dict[str, torch.Tensor], tokens: int) -> dict[str, torch.Tensor]:
+    """`state` with the embedding and tied head cut to the tokenizer's rows (a run trained
+    with a padded vocabulary; the padding rows are never predicted)."""
+    cut = {"transformer.wte.weight", "lm_head.weight"}
+    return {k: v[:tokens] if k in cut else v for k, v in state.items()}
+
+
 def reference_model(out: Path, state: dict[str, torch.Tensor]):
     from transformers import GPT2LMHeadModel
 
     manifest = json.loads((out / "final" / "gpt_ds.json").read_text())
-    model = GPT2LMHeadModel(gpt2_config(ModelShape(**manifest["model"])))
+    model = GPT2LMHeadModel(gpt2_config(unpadded(ModelShape(**manifest["model"]))))
     model.load_state_dict(state, strict=True)
     return model.eval()
 
@@ -117,6 +124,12 @@ def test_export_equals_deepspeed_zero_to_fp32(stage, trained, shakespeare_dir, t
     proc = run_python([str(TOOLS / "zero_to_fp32.py"), str(out), "--output", str(dest)])
     assert f"ZeRO-{stage}, world size 2" in proc.stdout and "peak RSS" in proc.stdout
     ref_state = deepspeed_reference(out, tmp_path)
+    manifest = json.loads((out / "final" / "gpt_ds.json").read_text())
+    shape = ModelShape(**manifest["model"])
+    # trained with the default padded vocabulary: DeepSpeed's converter keeps the padding
+    # rows, the export strips them (GPT-2's own shape)
+    assert ref_state["transformer.wte.weight"].shape[0] == shape.vocab_size == 50304
+    ref_state = real_rows(ref_state, shape.tokens)
 
     # tensor for tensor, DeepSpeed's fp32 weights (lm_head is wte: saved once, as HF does)
     exported = safetensors_state(dest)
@@ -125,12 +138,12 @@ def test_export_equals_deepspeed_zero_to_fp32(stage, trained, shakespeare_dir, t
         assert tensor.dtype == torch.float32 and torch.equal(tensor, ref_state[name]), name
     assert torch.equal(ref_state["lm_head.weight"], ref_state["transformer.wte.weight"])
 
-    manifest = json.loads((out / "final" / "gpt_ds.json").read_text())
     config = json.loads((dest / "config.json").read_text())
     names = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd"}
-    names |= {"block_size": "n_positions", "vocab_size": "vocab_size"}
+    names |= {"block_size": "n_positions"}
     for ours, hf in names.items():
         assert config[hf] == manifest["model"][ours], hf
+    assert config["vocab_size"] == shape.tokens == 50257 and "token_vocab_size" not in config
     assert (dest / "generation_config.json").is_file()
     assert json.loads((dest / export.EXPORT_RECORD).read_text())["tag"] == "final"
 
@@ -240,9 +253,11 @@ def test_bad_inputs_fail_before_any_work_and_write_nothing(
     (run / "broken" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
 
     def no_heavy_work(*_a, **_k):
-        raise AssertionError("consolidation started before the inputs were checked")
+        raise AssertionError("heavy work started before the inputs were checked")
 
-    monkeypatch.setattr(export, "consolidate", no_heavy_work)
+    # the export's heavy work: reading the weights, and (a thread) config and tokenizer
+    for heavy in ("read_weights", "write_model_files", "consolidate"):
+        monkeypatch.setattr(export, heavy, no_heavy_work)
     output = tmp_path / "out"
     cases = [
         (dict(checkpoint=tmp_path / "nope"), "does not exist"),
