@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 # this checkout's gpt_ds, and the launch helpers the tests share (tests/helpers/)
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+from bench_common import prepare_shakespeare, work_dir  # noqa: E402
 from helpers.launch import VENV_BIN, free_port, launch_env, remove_shm_buffers  # noqa: E402
 
 # row name -> (ranks, threads per rank)
@@ -174,14 +174,6 @@ def table(results: dict[str, list[Measured]]) -> str:
     return "\n".join(lines)
 
 
-def prepare_data(work: Path) -> str:
-    out = work / "shakespeare"
-    tool = REPO / "tools" / "prepare_data.py"
-    cmd = [sys.executable, str(tool), "--out_dir", str(out), "--quiet"]
-    subprocess.run(cmd, check=True, cwd=REPO, capture_output=True)
-    return str(out)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt2-tiny")
@@ -201,10 +193,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gpt_ds_eval_") as tmp:
-        work = Path(args.work_dir or tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        args.data_dir = args.data_dir or prepare_data(work)
+    with work_dir(args.work_dir, "gpt_ds_eval_") as work:
+        args.data_dir = args.data_dir or prepare_shakespeare(work)
         results = measure(args, work)
         print(
             f"\n{args.model}, ZeRO-{args.stage}, {args.precision}, "

@@ -30,7 +30,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +38,11 @@ REPO = Path(__file__).resolve().parents[1]
 # this checkout's gpt_ds, and the launch helpers the tests share (tests/helpers/)
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+from bench_common import prepare_shakespeare, status_bytes, work_dir  # noqa: E402
 from helpers.launch import launch_env, run_deepspeed  # noqa: E402
 
 from gpt_ds.checkpoint import Manifest, latest_tag  # noqa: E402
-from gpt_ds.model import MODEL_PRESETS  # noqa: E402
+from gpt_ds.model import MODEL_PRESETS, unpadded  # noqa: E402
 
 GPT_DS = "gpt_ds tools/zero_to_fp32.py"
 DEEPSPEED = "DeepSpeed zero_to_fp32.py"
@@ -78,16 +78,6 @@ def command(row: str, out_dir: Path, tag: str, dest: Path, script: Path) -> list
     return [sys.executable, *map(str, args)]
 
 
-def _rss_anon(pid: int) -> int:
-    """RssAnon of a live process, bytes; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            line = next((x for x in f if x.startswith("RssAnon:")), "RssAnon: 0 kB")
-    except OSError:
-        return 0
-    return int(line.split()[1]) * 1024
-
-
 def run_once(cmd: list[str], log: Path) -> Measured:
     """Run `cmd` to its end: wall seconds, peak RSS (exact, from wait4), peak RssAnon (polled)."""
     with log.open("w") as f:
@@ -98,7 +88,7 @@ def run_once(cmd: list[str], log: Path) -> Measured:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            anon = max(anon, _rss_anon(proc.pid))
+            anon = max(anon, status_bytes(proc.pid, "RssAnon"))
             time.sleep(0.005)
         seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -154,15 +144,7 @@ def table(results: dict[str, list[Measured]], fp32_bytes: int) -> str:
 
 def train(args: argparse.Namespace, work: Path) -> Path:
     """A real gpt_ds ZeRO-2 run of one fp32 iteration; its out dir (with `latest` and a tag)."""
-    data = Path(args.data_dir) if args.data_dir else work / "shakespeare"
-    if not args.data_dir:
-        tool = REPO / "tools" / "prepare_data.py"
-        subprocess.run(
-            [sys.executable, str(tool), "--out_dir", str(data), "--quiet"],
-            check=True,
-            cwd=REPO,
-            capture_output=True,
-        )
+    data = args.data_dir or prepare_shakespeare(work)
     out = work / f"{args.model}_zero2"
     flags = {"deepspeed_config": "zero2", "model": args.model, "block_size": args.block_size}
     flags |= {"micro_batch_size": 1, "grad_accum": 1, "max_iters": 1, "eval_interval": 0}
@@ -189,15 +171,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gpt_ds_export_bench_") as tmp:
-        work = Path(args.work_dir or tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.work_dir, "gpt_ds_export_bench_") as work:
         out_dir = Path(args.checkpoint) if args.checkpoint else train(args, work)
         tag = latest_tag(out_dir)
         manifest = Manifest.read(out_dir / str(tag)) if tag else None
         if manifest is None:
             raise SystemExit(f"{out_dir}: no `latest` naming a complete checkpoint")
-        shape, n = manifest.shape, manifest.shape.num_params()
+        shape = manifest.shape
+        n = unpadded(shape).num_params()  # the exported model: GPT-2's rows, no padding
         on_disk = sum(manifest.files.values())
         results = measure(out_dir, tag, work, args.reps)
         print(

@@ -27,7 +27,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
+from bench_common import status_bytes, work_dir  # noqa: E402
 
 from gpt_ds.tokenizer import DEFAULT_CORPUS  # noqa: E402
 
@@ -75,12 +75,7 @@ def _tree_hwm(proc: psutil.Process, peaks: dict[int, int]) -> None:
     except psutil.NoSuchProcess:
         return
     for p in procs:
-        try:
-            for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    peaks[p.pid] = max(peaks.get(p.pid, 0), int(line.split()[1]) * 1024)
-        except OSError:
-            pass
+        peaks[p.pid] = max(peaks.get(p.pid, 0), status_bytes(p.pid, "VmHWM"))
 
 
 def timed(cmd: list[str], log: Path) -> tuple[float, int]:
@@ -207,9 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_core:
         one_core(*map(Path, args.one_core))
         return 0
-    with tempfile.TemporaryDirectory(prefix="gpt_ds_prepare_") as tmp:
-        work = Path(args.work_dir or tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.work_dir, "gpt_ds_prepare_") as work:
         text = make_input(work, args.mb)
         results = measure(text, work, args.reps)
         print(

@@ -25,7 +25,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
+from bench_common import prepare_shakespeare, status_bytes, work_dir  # noqa: E402
 from helpers.launch import VENV_BIN, free_port, launch_env, remove_shm_buffers  # noqa: E402
 
 from gpt_ds.config import RunSettings  # noqa: E402
@@ -142,17 +142,6 @@ def _cmdline(p: psutil.Process) -> list[str]:
         return []
 
 
-def _vm_hwm(pid: int) -> int:
-    """The kernel's peak resident set of a process (VmHWM), bytes; 0 once it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def run_once(setup: Setup, row: str, out: Path) -> Measured:
     """One launch of `row`; its tokens/s after warm-up and its largest per-rank peak memory."""
     out.mkdir(parents=True)
@@ -168,7 +157,7 @@ def run_once(setup: Setup, row: str, out: Path) -> Measured:
         try:
             while proc.poll() is None:
                 for p in rank_pids(launcher):
-                    peaks[p.pid] = max(peaks.get(p.pid, 0), _vm_hwm(p.pid))
+                    peaks[p.pid] = max(peaks.get(p.pid, 0), status_bytes(p.pid, "VmHWM"))
                 time.sleep(0.1)
         finally:
             if proc.poll() is None:
@@ -247,18 +236,6 @@ def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
     return "\n".join(lines)
 
 
-def prepare_data(work: Path) -> str:
-    out = work / "shakespeare"
-    tool = REPO / "tools" / "prepare_data.py"
-    subprocess.run(
-        [sys.executable, str(tool), "--out_dir", str(out)],
-        check=True,
-        cwd=REPO,
-        capture_output=True,
-    )
-    return str(out)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -296,10 +273,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gpt_ds_throughput_") as tmp:
-        work = Path(args.work_dir or tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        args.data_dir = args.data_dir or prepare_data(work)
+    with work_dir(args.work_dir, "gpt_ds_throughput_") as work:
+        args.data_dir = args.data_dir or prepare_shakespeare(work)
         tables = []
         for model in args.models:
             shape = MODEL_PRESETS[model]

@@ -297,7 +297,10 @@ def test_sigterm_and_sigint_stop_cleanly_and_resume(refs, launch, tmp_path):
     second.processes()  # remember the ranks: `deepspeed` dies at once on Ctrl-C
     os.killpg(second.proc.pid, signal.SIGINT)
     rc = second.finish()
-    assert rc == -signal.SIGINT, rc  # `deepspeed` dies of its KeyboardInterrupt at once
+    # `deepspeed` dies of its KeyboardInterrupt (-SIGINT), or, where it reaps launch.py's exit
+    # (1, from that process's own SIGINT handler) first, exits with it: seen once in CI under
+    # load. Either is DeepSpeed's runner; the ranks' behaviour is what is checked below.
+    assert rc in (-signal.SIGINT, 1), rc
     assert f"resumed from {out}/iter_{n} at iteration {n}" in second.output
     # the ranks get SIGINT from the terminal, then SIGTERM from the launcher, which the log
     # names (the last signal before the step's stop-flag all-reduce)
