@@ -39,13 +39,21 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, tokens: int | None
     return logits
 
 
-def _loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of -log p(label) over the chunk's counted tokens, log-sum-exp per row)."""
+def _counted_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """How many labels count (not IGNORE_INDEX), at least 1: the mean's denominator."""
+    return (labels != IGNORE_INDEX).sum().clamp(min=1).float()
+
+
+def _loss_sum(
+    logits: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sum of -log p(label) over the chunk's counted tokens, log-sum-exp per row, which rows
+    count, their labels with ignored ones at 0)."""
     counted = labels != IGNORE_INDEX
     safe = torch.where(counted, labels, 0)
     lse = torch.logsumexp(logits, dim=-1)
     target = logits.gather(1, safe[:, None]).squeeze(1)
-    return ((lse - target) * counted).sum(), lse
+    return ((lse - target) * counted).sum(), lse, counted, safe
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -53,19 +61,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, rows: int, tokens: int | None):
-        count = (labels != IGNORE_INDEX).sum().clamp(min=1).float()
+        count = _counted_tokens(labels)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for start in range(0, hidden.shape[0], rows):
             h, y = hidden[start : start + rows], labels[start : start + rows]
             logits = _chunk_logits(h, weight, tokens)
-            loss_sum, lse = _loss_sum(logits, y)
+            loss_sum, lse, counted, safe = _loss_sum(logits, y)
             total += loss_sum
             # d(mean loss)/d(logits): softmax - one-hot, over the counted tokens
             grad = logits.sub_(lse[:, None]).exp_()
-            counted = y != IGNORE_INDEX
-            grad[torch.arange(len(y), device=y.device), torch.where(counted, y, 0)] -= 1.0
+            grad[torch.arange(len(y), device=y.device), safe] -= 1.0
             grad.mul_((counted.float() / count)[:, None])
             grad = grad.to(hidden.dtype)
             grad_hidden[start : start + rows] = grad @ weight
@@ -101,7 +108,7 @@ def chunked_cross_entropy(
     rows = rows or chunk_rows(weight.shape[0], hidden.device.type)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return _LinearCrossEntropy.apply(hidden, weight, labels, rows, tokens)
-    count = (labels != IGNORE_INDEX).sum().clamp(min=1).float()
+    count = _counted_tokens(labels)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], rows):
         logits = _chunk_logits(hidden[start : start + rows], weight, tokens)

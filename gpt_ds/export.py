@@ -43,7 +43,6 @@ from gpt_ds.export_stream import (
     quick_gil_handover,
     read_weights,
     split_shards,
-    verify_checksums,
     write_safetensors,
 )
 from gpt_ds.model import gpt2_config, unpadded
@@ -66,13 +65,12 @@ def resolve_checkpoint(path: str | Path, tag: str | None = None) -> CheckpointRe
     """The checkpoint to export: `path` is a run's out dir (with `tag`, else the one `latest`
     names) or a tag directory itself. Checked (complete, every file at its recorded size and
     checksum, not a universal checkpoint) before any heavy work; loads no weights."""
-    ref = resolve(path, tag, flag="--tag")
+    ref = resolve(path, tag, flag="--tag", verify=True)
     if ref.manifest.universal:
         raise CheckpointError(
             f"{ref.tag_dir} is a universal checkpoint (made to resume on another world size); "
             f"export the tag it was made from, {ref.manifest.source_tag!r}"
         )
-    verify_checksums(ref)
     return ref
 
 

@@ -19,7 +19,6 @@ import json
 import struct
 import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,6 @@ from typing import Any
 import torch
 
 from gpt_ds.checkpoint import CheckpointRef
-from gpt_ds.checkpoint.integrity import checksum_problems
-from gpt_ds.checkpoint.tags import _damaged
 from gpt_ds.errors import CheckpointError
 
 # safetensors' names, in the order of its Rust `Dtype` enum (it sorts a file's tensors by it)
@@ -45,20 +42,6 @@ _SAFETENSORS_DTYPES = {
     torch.int64: "I64",
 }
 _DTYPE_RANK = {dt: i for i, dt in enumerate(_SAFETENSORS_DTYPES)}
-
-
-def verify_checksums(ref: CheckpointRef) -> None:
-    """Every file against its recorded checksum, one thread per file (hashlib and reads release
-    the GIL): the largest files are a few GB, and hashing them one after another on one core
-    took longer than the rest of the export."""
-    names = list(ref.manifest.files)
-    if not names:
-        return
-    with ThreadPoolExecutor(min(8, len(names))) as pool:
-        found = pool.map(lambda n: checksum_problems(ref.tag_dir, ref.manifest, [n]), names)
-        problems = [p for ps in found for p in ps]
-    if problems:
-        raise _damaged(ref.out_dir, ref.tag_dir, "; ".join(problems))
 
 
 class FlatSlice:

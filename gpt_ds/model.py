@@ -80,9 +80,9 @@ def padded_vocab(shape: ModelShape, multiple: int) -> ModelShape:
     64): GPU matmuls over an aligned dimension run faster. The padding rows are masked out of
     the loss (they are never predicted) and no token id reaches them."""
     rows = -(-shape.tokens // multiple) * multiple if multiple > 1 else shape.tokens
-    if rows == shape.tokens:
-        return replace(shape, vocab_size=rows, token_vocab_size=None)
-    return replace(shape, vocab_size=rows, token_vocab_size=shape.tokens)
+    return replace(
+        shape, vocab_size=rows, token_vocab_size=shape.tokens if rows > shape.tokens else None
+    )
 
 
 def unpadded(shape: ModelShape) -> ModelShape:

@@ -95,9 +95,10 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     validate(cfg)
     shape = model_shape(cfg)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    resume = resume_checkpoint(cfg, shape, world, damaged)
-    if resume is not None:
+    resume = resume_checkpoint(cfg, damaged)
+    if resume is not None:  # the run keeps the checkpoint's model, vocabulary padding included
         shape = checkpoint_vocab(shape, resume.manifest.model)
+        check_model(resume, asdict(shape))
     universal = resume is not None and needs_universal(resume.manifest, world)
     settings = run_settings(cfg, world, load_universal=universal)
     ds = resolve_ds_config(
@@ -165,10 +166,11 @@ def verify_resume(plan: RunPlan) -> RunPlan:
 
 
 def resume_checkpoint(
-    cfg: RunConfig, shape: ModelShape, world: int, damaged: dict[str, str] | None = None
+    cfg: RunConfig, damaged: dict[str, str] | None = None
 ) -> CheckpointRef | None:
-    """The checked checkpoint `--resume` names (None without --resume); `latest` falls back to
-    the newest complete tag when it names an incomplete one."""
+    """The complete checkpoint `--resume` names (None without --resume); `latest` falls back
+    to the newest complete tag when it names an incomplete one. Its model is plan_run's to
+    check."""
     if not cfg.resume:
         return None
     out_dir = Path(cfg.out_dir)
@@ -182,9 +184,7 @@ def resume_checkpoint(
             f"checkpoint: ignoring incomplete checkpoint directory {leftover} (no manifest)"
         )
     tag = None if cfg.resume == "latest" else cfg.resume
-    ref = resolve(out_dir, tag, flag="--resume", fall_back=True, damaged=damaged, note=dist.print0)
-    check_model(ref, asdict(checkpoint_vocab(shape, ref.manifest.model)))
-    return ref
+    return resolve(out_dir, tag, flag="--resume", fall_back=True, damaged=damaged, note=dist.print0)
 
 
 def check_writable(out_dir: Path) -> None:
