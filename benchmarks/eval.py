@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from bench_common import prepare_shakespeare, work_dir  # noqa: E402
-from helpers.launch import VENV_BIN, free_port, launch_env, remove_shm_buffers  # noqa: E402
+from helpers.launch import launch_env, run_deepspeed  # noqa: E402
 
 # row name -> (ranks, threads per rank)
 ROWS: dict[str, tuple[int, int]] = {
@@ -121,18 +120,17 @@ def run_once(args: argparse.Namespace, row: str, out: Path) -> Measured:
     """One `deepspeed` launch of `row`; its timed evaluation as rank 0 measured it."""
     ranks, threads = ROWS[row]
     out.mkdir(parents=True)
-    port = free_port()
-    cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(port)]
-    cmd += [__file__, "--eval_worker", str(out / "result.json"), *run_args(args, out)]
+    worker = ["--eval_worker", str(out / "result.json"), *run_args(args, out)]
     env = {**launch_env(), "OMP_NUM_THREADS": str(threads)}
-    with (out / "log.txt").open("w") as log:
-        try:
-            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        finally:
-            remove_shm_buffers("127.0.0.1", port)
+    proc = run_deepspeed(
+        worker, num_gpus=ranks, script=Path(__file__), timeout=3600, check=False, env=env
+    )
+    log = proc.stdout + proc.stderr
+    (out / "log.txt").write_text(log)
     if proc.returncode != 0 or not (out / "result.json").exists():
-        tail = (out / "log.txt").read_text()[-4000:]
-        raise SystemExit(f"{row} failed (rc {proc.returncode}): {' '.join(cmd)}\n{tail}")
+        raise SystemExit(
+            f"{row} failed (rc {proc.returncode}): {' '.join(proc.args)}\n{log[-4000:]}"
+        )
     r = json.loads((out / "result.json").read_text())
     return Measured(r["seconds"], r["tokens"], r["loss"])
 

@@ -40,10 +40,11 @@ from gpt_ds.checkpoint import CheckpointRef, resolve
 from gpt_ds.errors import CheckpointError
 from gpt_ds.export_stream import (
     Weights,
+    progress_bar,
     quick_gil_handover,
     read_weights,
     split_shards,
-    write_safetensors,
+    write_safetensors_shards,
 )
 from gpt_ds.model import gpt2_config, unpadded
 from gpt_ds.processes import pid_alive
@@ -225,27 +226,14 @@ def staged_output(output: Path):
         raise
 
 
-def _progress(total: int, progress: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="writing", unit="tensor", disable=not progress)
-
-
-def write_state_dict(weights: Weights, folder: Path, fmt: str, max_shard_size: int) -> list[str]:
-    """A bare state dict: `model.safetensors` (tied duplicates left out, as Hugging Face does;
-    recorded in the metadata) or `pytorch_model.bin` (all names, tied ones sharing storage),
-    sharded with an index json past `max_shard_size`. Returns the files written."""
+def _write_torch_shards(weights: Weights, folder: Path, max_shard_size: int):
+    """`pytorch_model{suffix}.bin` shards, tied names saved once beside their target; returns
+    (the split, the weight map with the tied names)."""
     unique, aliases = weights.unique()
-    pattern = "model{suffix}.safetensors" if fmt == "safetensors" else "pytorch_model{suffix}.bin"
-    split = split_shards(unique, weights.dtype, pattern, max_shard_size)
+    split = split_shards(unique, weights.dtype, "pytorch_model{suffix}.bin", max_shard_size)
     weight_map = dict(split.tensor_to_filename)
-    with _progress(len(unique), weights.progress) as bar:
+    with progress_bar(len(unique), weights.progress) as bar:
         for shard, names in split.filename_to_tensors.items():
-            if fmt == "safetensors":
-                meta = {"format": "pt", "tied": json.dumps(aliases)}
-                shard_tensors = {n: unique[n] for n in names}
-                write_safetensors(folder / shard, shard_tensors, weights, meta, bar)
-                continue
             shard_state = {n: _own_storage(weights.read(unique[n])) for n in names}
             for alias, target in aliases.items():
                 if target in shard_state:
@@ -254,8 +242,21 @@ def write_state_dict(weights: Weights, folder: Path, fmt: str, max_shard_size: i
             torch.save(shard_state, folder / shard)
             bar.update(len(names))
             del shard_state
+    return split, weight_map
+
+
+def write_state_dict(weights: Weights, folder: Path, fmt: str, max_shard_size: int) -> list[str]:
+    """A bare state dict: `model.safetensors` (tied duplicates left out, as Hugging Face does;
+    recorded in the metadata) or `pytorch_model.bin` (all names, tied ones sharing storage),
+    sharded with an index json past `max_shard_size`. Returns the files written."""
+    if fmt == "safetensors":
+        meta = {"format": "pt", "tied": json.dumps(weights.unique()[1])}
+        split = write_safetensors_shards(weights, folder, meta, max_shard_size)
+        weight_map, index_name = dict(split.tensor_to_filename), "model.safetensors.index.json"
+    else:
+        split, weight_map = _write_torch_shards(weights, folder, max_shard_size)
+        index_name = "pytorch_model.bin.index.json"
     if split.is_sharded:
-        index_name = pattern.format(suffix="") + ".index.json"
         index = {"metadata": split.metadata, "weight_map": dict(sorted(weight_map.items()))}
         (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
     return sorted(p.name for p in folder.iterdir())
@@ -264,12 +265,7 @@ def write_state_dict(weights: Weights, folder: Path, fmt: str, max_shard_size: i
 def write_hf(weights: Weights, folder: Path, max_shard_size: int) -> None:
     """The weights as `save_pretrained` writes them: `model.safetensors` without the tied
     lm_head (or shards and `model.safetensors.index.json`), metadata {"format": "pt"}."""
-    unique, _ = weights.unique()
-    split = split_shards(unique, weights.dtype, "model{suffix}.safetensors", max_shard_size)
-    with _progress(len(unique), weights.progress) as bar:
-        for shard, names in split.filename_to_tensors.items():
-            shard_tensors = {n: unique[n] for n in names}
-            write_safetensors(folder / shard, shard_tensors, weights, {"format": "pt"}, bar)
+    split = write_safetensors_shards(weights, folder, {"format": "pt"}, max_shard_size)
     if split.is_sharded:
         total = unpadded(weights.ref.manifest.shape).num_params()  # tied embeddings once
         index = {

@@ -246,6 +246,27 @@ def write_safetensors(
                 bar.update()
 
 
+def progress_bar(total: int, progress: bool):
+    """The writing progress bar (tqdm), or a silent one."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="writing", unit="tensor", disable=not progress)
+
+
+def write_safetensors_shards(
+    weights: Weights, folder: Path, metadata: dict[str, str], max_shard_size: int
+):
+    """The weights without tied duplicates as safetensors shards, `model{suffix}.safetensors`
+    (Hugging Face's split); returns the split for the index."""
+    unique, _ = weights.unique()
+    split = split_shards(unique, weights.dtype, "model{suffix}.safetensors", max_shard_size)
+    with progress_bar(len(unique), weights.progress) as bar:
+        for shard, names in split.filename_to_tensors.items():
+            shard_tensors = {n: unique[n] for n in names}
+            write_safetensors(folder / shard, shard_tensors, weights, metadata, bar)
+    return split
+
+
 def split_shards(tensors: dict[str, Any], dtype: torch.dtype, pattern: str, max_shard_size: int):
     """Hugging Face's sharding of `tensors` (as `meta` tensors of the output dtype)."""
     from huggingface_hub import split_torch_state_dict_into_shards
