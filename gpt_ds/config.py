@@ -153,6 +153,8 @@ class RunSettings:
     """None or "auto": detect from the hardware; "bf16", "fp16" or "fp32": forced."""
     load_universal: bool = False
     """Resume from a universal checkpoint (checkpoint.load_universal): another world size."""
+    hidden_size: int | None = None
+    """The model's width (n_embd): ZeRO bucket sizes set to "auto" derive from it."""
 
     def problems(self) -> list[str]:
         """Every out-of-range value, named by its command-line flag: the one check of the run's
@@ -190,11 +192,15 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
 
 
 def run_settings(
-    cfg: RunConfig, world_size: int | None = None, load_universal: bool = False
+    cfg: RunConfig,
+    world_size: int | None = None,
+    load_universal: bool = False,
+    hidden_size: int | None = None,
 ) -> RunSettings:
     """What the run decides for the DeepSpeed config (world size: the launcher's)."""
     return RunSettings(
         load_universal=load_universal,
+        hidden_size=hidden_size,
         world_size=world_size or int(os.environ.get("WORLD_SIZE", "1")),
         micro_batch_size=cfg.micro_batch_size,
         grad_accum=cfg.grad_accum,

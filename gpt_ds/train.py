@@ -100,7 +100,7 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
         shape = checkpoint_vocab(shape, resume.manifest.model)
         check_model(resume, asdict(shape))
     universal = resume is not None and needs_universal(resume.manifest, world)
-    settings = run_settings(cfg, world, load_universal=universal)
+    settings = run_settings(cfg, world, load_universal=universal, hidden_size=shape.n_embd)
     ds = resolve_ds_config(
         load_ds_config(preset_path(cfg.deepspeed_config)), settings, source=cfg.deepspeed_config
     )
