@@ -1,1 +1,1 @@
-"""Command-line entry points (console scripts): each module has main(argv) -> int; tools/*.py call them."""
+"""Command-line entry points: each module has main(argv) -> int; tools/*.py call them."""
