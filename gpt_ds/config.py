@@ -31,7 +31,8 @@ class RunConfig:
 
     # --- DeepSpeed and model
     deepspeed_config: str = option(
-        "ds_configs/zero2.json", "DeepSpeed JSON config (a ds_configs/ preset)."
+        "zero2",
+        "DeepSpeed JSON config: a preset name (" + ", ".join(PRESETS) + "; ds_configs/) or a path.",
     )
     model: str = option("gpt2-tiny", "Model size preset: " + ", ".join(MODEL_PRESETS) + ".")
     n_layer: int | None = option(None, "Override the preset's number of layers.")

@@ -10,6 +10,7 @@ import difflib
 import json
 import re
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,17 @@ import jsonschema
 
 from gpt_ds.errors import ConfigError
 
-PRESET_DIR = Path(__file__).resolve().parents[1] / "ds_configs"
+
+def _preset_dir() -> Path:
+    """The presets and schema: installed, gpt_ds/ds_configs/ (pyproject maps the top-level
+    ds_configs/ there); in a source checkout or an editable install, the top-level ds_configs/."""
+    packaged = resources.files("gpt_ds") / "ds_configs"
+    if isinstance(packaged, Path) and (packaged / "schema.json").is_file():
+        return packaged
+    return Path(__file__).resolve().parents[1] / "ds_configs"
+
+
+PRESET_DIR = _preset_dir()
 SCHEMA_PATH = PRESET_DIR / "schema.json"
 PRESETS = ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
 _JSON_EXAMPLE = f"a DeepSpeed config is one JSON object, e.g. {PRESET_DIR / 'zero2.json'}"
@@ -48,10 +59,16 @@ _REMOVED_KEYS = {
 
 
 def preset_path(name_or_path: str | Path) -> Path:
-    """`zero2` -> ds_configs/zero2.json; anything else is taken as a path."""
+    """`zero2` -> PRESET_DIR/zero2.json; anything else is taken as a path. A missing
+    `ds_configs/zero2.json` (the form the docs use, relative to a checkout) is the preset too,
+    so the documented commands also work with an installed package, from any directory."""
+    path = Path(name_or_path)
     if str(name_or_path) in PRESETS:
         return PRESET_DIR / f"{name_or_path}.json"
-    return Path(name_or_path)
+    documented = path.parts == ("ds_configs", f"{path.stem}.json") and path.stem in PRESETS
+    if documented and not path.exists():
+        return PRESET_DIR / path.name
+    return path
 
 
 def load_ds_config(path: str | Path) -> dict:
@@ -140,7 +157,7 @@ def _unknown_key(where: str, key: str, known: list[str]) -> str:
         return f"{_join(where, key)}: unknown key (did you mean '{close[0]}'?)"
     if len(known) <= 15:
         return f"{_join(where, key)}: unknown key (known here: {', '.join(known)})"
-    return f"{_join(where, key)}: unknown key (see ds_configs/schema.json)"
+    return f"{_join(where, key)}: unknown key (see {SCHEMA_PATH})"
 
 
 def _describe_alternatives(error: jsonschema.ValidationError, where: str) -> list[str]:

@@ -13,9 +13,10 @@ use there (the launcher's own path, as the pdsh runner does) and the environment
   disk       free space and write access at the checkpoint directory
 
 Hosts are checked concurrently, each within --timeout seconds. The result is a table of hosts x
-checks and one "fix:" line per failure. `tools/preflight.py` is the command line, with the
-options of `PreflightOptions`. The probe and how it reaches the nodes are in
-`gpt_ds.preflight_probe`; the verdicts and the table in `gpt_ds.preflight_checks`.
+checks and one "fix:" line per failure. gpt_ds/commands/preflight.py is the command line
+(`gpt-ds-preflight`, `tools/preflight.py`), with the options of `PreflightOptions`. The probe
+and how it reaches the nodes are in `gpt_ds.preflight_probe`; the verdicts and the table in
+`gpt_ds.preflight_checks`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt_ds.cli import option, parse, run_tool
+from gpt_ds.cli import option
 from gpt_ds.errors import ConfigError, GptDsError
 from gpt_ds.hostfile import HostEntry, read_hostfile
 from gpt_ds.preflight_checks import (
@@ -39,7 +40,6 @@ from gpt_ds.preflight_checks import (
     code_check,
     devices_check,
     disk_check,
-    format_report,
     master_check,
     ssh_failure,
     version_check,
@@ -218,15 +218,3 @@ def run_preflight(opts: PreflightOptions, env: dict[str, str] | None = None) -> 
     if opts.local:
         reports[0].checks["ssh"] = Check(None, "local")
     return PreflightResult(local, reports, problems, listener.description)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """0: every host ready; 1: some check failed (fix: lines printed); 2: bad input."""
-    opts = parse(PreflightOptions, argv, prog="tools/preflight.py")
-
-    def job() -> int:
-        result = run_preflight(opts)
-        print(format_report(result), flush=True)
-        return 0 if result.ok else 1
-
-    return run_tool(job)

@@ -1,48 +1,11 @@
-"""Tokenize text into train.bin / val.bin / meta.json for gpt_ds (GPT-2 BPE, uint16).
+"""`python tools/prepare_data.py ...`: the `gpt-ds-prepare` command, run from a checkout.
 
-    python tools/prepare_data.py                                  # Tiny Shakespeare
-    python tools/prepare_data.py --input books/ extra.jsonl --out_dir data/mine
-
-Inputs, the train/val split rule and the output format are described in gpt_ds/prepare.py.
+Its code and `--help` are in gpt_ds/commands/prepare_data.py.
 """
 
-from __future__ import annotations
-
 import sys
-import time
-from pathlib import Path
 
-from gpt_ds.cli import parse, run_tool
-from gpt_ds.prepare import PrepareOptions, prepare_from_options
-
-
-def summary(meta: dict, out_dir: Path, seconds: float) -> str:
-    total = meta["train_tokens"] + meta["val_tokens"]
-    rows = [
-        ("output", f"{out_dir}/{{train.bin,val.bin,meta.json}}"),
-        ("files", f"{len(meta['sources']):,}"),
-        ("documents", f"{meta['documents']:,}"),
-        ("input bytes", f"{sum(s['bytes'] for s in meta['sources']):,}"),
-        ("train tokens", f"{meta['train_tokens']:,}"),
-        ("val tokens", f"{meta['val_tokens']:,} ({meta['val_tokens'] / total:.2%})"),
-        ("total tokens", f"{total:,}"),
-        ("time", f"{seconds:.2f} s"),
-        ("tokens/s", f"{total / max(seconds, 1e-9):,.0f}"),
-    ]
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
-
-
-def main(argv: list[str] | None = None) -> int:
-    opts = parse(PrepareOptions, argv, description=__doc__)
-
-    def job() -> None:
-        start = time.perf_counter()
-        meta = prepare_from_options(opts)
-        print(summary(meta, opts.out_dir, time.perf_counter() - start))
-
-    return run_tool(job, interrupted="interrupted: nothing was written")
-
+from gpt_ds.commands.prepare_data import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,44 +1,11 @@
-"""Check a training run's checkpoints without loading them: files, sizes and checksums.
+"""`python tools/verify_checkpoint.py ...`: the `gpt-ds-verify` command, run from a checkout.
 
-    python tools/verify_checkpoint.py out/                 # every complete tag
-    python tools/verify_checkpoint.py out/ --tag iter_200  # one tag (or pass its directory)
-
-Prints one row per tag and names every damaged file. Exit 0 when everything checked is
-intact, 1 when something is damaged, 2 when there is nothing to check (`error: ...`).
-Training (`--resume`) and export verify the tag they load the same way, by themselves.
+Its code and `--help` are in gpt_ds/commands/verify_checkpoint.py.
 """
 
-from __future__ import annotations
-
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
-from gpt_ds.checkpoint.audit import audit_run, report_lines
-from gpt_ds.cli import option, parse, run_tool
-
-
-@dataclass
-class VerifyOptions:
-    out_dir: Path = option(
-        help="the training run's --out_dir, or one tag directory", positional=True
-    )
-    tag: str | None = option(None, "check only this tag (default: every complete tag)")
-
-
-def main(argv: list[str] | None = None) -> int:
-    opts = parse(VerifyOptions, argv, description=__doc__)
-
-    def verify() -> int:
-        out_dir, reports = audit_run(opts.out_dir, opts.tag)
-        print("\n".join(report_lines(out_dir, reports)))
-        damaged = [r.tag for r in reports if not r.ok]
-        if damaged:
-            print(f"damaged: {', '.join(damaged)}; do not resume or export these tags")
-        return 1 if damaged else 0
-
-    return run_tool(verify)
-
+from gpt_ds.commands.verify_checkpoint import main
 
 if __name__ == "__main__":
     sys.exit(main())

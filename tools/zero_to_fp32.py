@@ -1,65 +1,11 @@
-"""Convert a gpt_ds ZeRO checkpoint (stage 1, 2 or 3, any world size and precision) for inference.
+"""`python tools/zero_to_fp32.py ...`: the `gpt-ds-export` command, run from a checkout.
 
-    python tools/zero_to_fp32.py out/ --output export/            # the tag `latest` names -> HF
-    python tools/zero_to_fp32.py out/ --tag iter_200 --output export/ --dtype bf16
-    python tools/zero_to_fp32.py out/ --output sd/ --format safetensors
-
---format hf (default) writes a Hugging Face GPT-2 directory (config.json, model.safetensors,
-generation_config.json, tokenizer) that AutoModelForCausalLM / AutoTokenizer load offline;
-safetensors (tied lm_head left out, as Hugging Face does) and pt (every name) write a bare
-state dict next to config.json. Weights are located by DeepSpeed's own zero_to_fp32 code
-(all stages, offload or not, any world size and precision) and streamed from the memory-mapped
-checkpoint files into the output, with no copy of the model in memory; see gpt_ds/export.py.
+Its code and `--help` are in gpt_ds/commands/zero_to_fp32.py.
 """
 
-from __future__ import annotations
-
-import gc
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
-from gpt_ds.cli import option, parse, run_tool
-from gpt_ds.export import DTYPES, FORMATS, export_checkpoint, export_summary
-
-
-@dataclass
-class ExportOptions:
-    checkpoint: Path = option(
-        help="training --out_dir (or one tag directory in it)", positional=True
-    )
-    output: Path = option(help="directory to create")
-    tag: str | None = option(None, "checkpoint tag (default: the one `latest` names)")
-    format: str = option("hf", "what to write", choices=FORMATS)
-    dtype: str = option("fp32", "weights' dtype", choices=tuple(DTYPES))
-    max_shard_size: str = option(
-        "2GB", "split weights into files of at most this size, with an index json"
-    )
-    overwrite: bool = option(False, "replace an existing --output")
-    quiet: bool = option(False, "no progress bar")
-
-
-def main(argv: list[str] | None = None) -> int:
-    opts = parse(ExportOptions, argv, description=__doc__)
-
-    def export() -> int:
-        result = export_checkpoint(
-            opts.checkpoint,
-            opts.output,
-            tag=opts.tag,
-            fmt=opts.format,
-            dtype=opts.dtype,
-            max_shard_size=opts.max_shard_size,
-            overwrite=opts.overwrite,
-            progress=not opts.quiet,
-        )
-        print(export_summary(result))
-        # exit without collecting torch's and transformers' objects one by one (0.6 s)
-        gc.freeze()
-        return 0
-
-    return run_tool(export, interrupted="interrupted: nothing was written")
-
+from gpt_ds.commands.zero_to_fp32 import main
 
 if __name__ == "__main__":
     sys.exit(main())

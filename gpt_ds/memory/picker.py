@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gpt_ds.ds_schema import PRESET_DIR
 from gpt_ds.errors import ConfigError
 from gpt_ds.memory.communication import comm_bytes_per_step, comm_seconds
 from gpt_ds.memory.constants import PRECISION_BYTES, GiB
@@ -21,7 +22,7 @@ from gpt_ds.memory.hardware import (
 from gpt_ds.memory.settings import ZeroSettings, load_preset_settings
 from gpt_ds.model import ModelShape, flops_per_token, shape_problems
 
-DS_CONFIG_DIR = Path(__file__).resolve().parents[2] / "ds_configs"
+DS_CONFIG_DIR = PRESET_DIR  # the presets, installed or in a checkout
 
 # Time model (for ranking only; the links are in gpt_ds/memory/hardware.py).
 DEFAULT_GPU_TFLOPS = {"bf16": 100.0, "fp16": 100.0, "fp32": 25.0}  # achieved, per GPU
