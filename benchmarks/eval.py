@@ -72,7 +72,7 @@ def eval_worker(result: Path, run_args: list[str]) -> None:
 
     cfg = parse_args(run_args)
     validate(cfg)
-    shape = resolve_shape(cfg.model, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
+    shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
     raw = load_ds_config(preset_path(cfg.deepspeed_config))
     ds = resolve_ds_config(raw, run_settings(cfg), source=cfg.deepspeed_config)
     data = load_token_data(cfg.data_dir, shape.vocab_size, shape.block_size)

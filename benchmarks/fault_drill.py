@@ -84,10 +84,12 @@ def kill_once(
 ) -> dict:
     """Wait for the chosen moment, SIGKILL a random rank; what happened."""
     victim = rng.randrange(2)
-    old = len(read_metrics(out, tolerate_partial_last_line=True))  # lines of earlier launches
+    # earlier launches' records (a resumed launch rewinds the file, so not a line count)
+    old = {r.get("run_id") for r in read_metrics(out, tolerate_partial_last_line=True)}
 
     def trained() -> int:
-        new = read_metrics(out, tolerate_partial_last_line=True)[old:]
+        records = read_metrics(out, tolerate_partial_last_line=True)
+        new = [r for r in records if r.get("run_id") not in old]
         return max((r["iter"] for r in new if "loss" in r), default=start)
 
     if mode == "train":

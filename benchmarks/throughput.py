@@ -41,8 +41,9 @@ from helpers.launch import VENV_BIN, free_port, launch_env, remove_shm_buffers  
 from gpt_ds.config import RunSettings  # noqa: E402
 from gpt_ds.ds_config import resolve_ds_config  # noqa: E402
 from gpt_ds.ds_schema import load_ds_config, preset_path  # noqa: E402
-from gpt_ds.metrics import peak_flops_per_device, read_metrics  # noqa: E402
+from gpt_ds.metrics import read_metrics  # noqa: E402
 from gpt_ds.model import MODEL_PRESETS, ModelShape, flops_per_token  # noqa: E402
+from gpt_ds.peak_flops import resolve_peak  # noqa: E402
 
 TRAIN = REPO / "gpt_ds" / "train.py"
 PEERS = REPO / "benchmarks" / "peer_trainers.py"
@@ -212,7 +213,7 @@ def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
         for r, ms in results.items()
     }
     ref_tps, ref_mem = med.get(REFERENCE, (float("nan"), float("nan")))
-    peak = peak_flops_per_device()
+    peak, _ = resolve_peak(None)
     mfu_head = " MFU |" if peak else ""
     mem = "peak GPU memory per rank" if torch.cuda.is_available() else "peak RSS per rank"
     lines = [

@@ -48,7 +48,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         return super()._get_help_string(action)
 
 
-def _unwrap(hint: Any) -> tuple[type, bool]:
+def unwrap_hint(hint: Any) -> tuple[type, bool]:
     """(element type, is a list) of an annotation such as `int | None` or `list[Path] | None`."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
@@ -60,7 +60,7 @@ def _unwrap(hint: Any) -> tuple[type, bool]:
 def _argument(f: dataclasses.Field, hint: Any) -> tuple[list[str], dict[str, Any]]:
     """The `add_argument` call for one field."""
     meta = f.metadata
-    base, many = _unwrap(hint)
+    base, many = unwrap_hint(hint)
     if base not in _SCALARS:
         raise TypeError(f"{f.name}: no command-line form for {hint!r}")
     kwargs: dict[str, Any] = {"help": argparse.SUPPRESS if meta.get("hidden") else meta["help"]}
@@ -95,6 +95,7 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
         prog=prog,
         description=description or inspect.cleandoc(cls.__doc__ or ""),
         formatter_class=_HelpFormatter,
+        allow_abbrev=False,  # --max_iter must not silently mean --max_iters
     )
     hints = get_type_hints(cls)
     sections: dict[str, Any] = {}
@@ -120,9 +121,18 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
     return parser
 
 
-def parse(cls: type[T], argv: Sequence[str] | None = None, **parser_kwargs: Any) -> T:
-    """Parse `argv` (default: sys.argv) into an instance of the dataclass `cls`."""
-    namespace = build_parser(cls, **parser_kwargs).parse_args(argv)
+def parse(
+    cls: type[T],
+    argv: Sequence[str] | None = None,
+    defaults: dict[str, Any] | None = None,
+    **parser_kwargs: Any,
+) -> T:
+    """Parse `argv` (default: sys.argv) into an instance of the dataclass `cls`; `defaults`
+    replace the fields' own (a flag file's values: the command line still wins)."""
+    parser = build_parser(cls, **parser_kwargs)
+    if defaults:
+        parser.set_defaults(**defaults)
+    namespace = parser.parse_args(argv)
     return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if f.init})
 
 

@@ -8,6 +8,7 @@ problem and raises once, so a user fixes them all in one go, before any rank bui
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -17,24 +18,33 @@ from typing import Any
 from gpt_ds import cli
 from gpt_ds.ds_schema import PRESETS, preset_path
 from gpt_ds.errors import ConfigError
+from gpt_ds.flag_file import load_flag_file
 from gpt_ds.model import MODEL_PRESETS, resolve_shape, shape_problems
 from gpt_ds.precision import PRECISIONS
 from gpt_ds.token_format import rebuild_command
 
 option = cli.option
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")
+DEFAULT_MODEL = "gpt2-tiny"
 
 
 @dataclass
 class RunConfig:
     """Train GPT-2 with DeepSpeed ZeRO."""
 
+    config: str | None = option(
+        None,
+        'A JSON or YAML file of these flags ({"model": "gpt2", ...}), or a checkpoint\'s '
+        "gpt_ds.json to replay its run; flags on the command line override it.",
+    )
     # --- DeepSpeed and model
     deepspeed_config: str = option(
         "zero2",
         "DeepSpeed JSON config: a preset name (" + ", ".join(PRESETS) + "; ds_configs/) or a path.",
     )
-    model: str = option("gpt2-tiny", "Model size preset: " + ", ".join(MODEL_PRESETS) + ".")
+    model: str | None = option(
+        None, "Model size preset: " + ", ".join(MODEL_PRESETS) + f" (default: {DEFAULT_MODEL})."
+    )
     n_layer: int | None = option(None, "Override the preset's number of layers.")
     n_head: int | None = option(None, "Override the preset's number of attention heads.")
     n_embd: int | None = option(None, "Override the preset's embedding width.")
@@ -83,13 +93,38 @@ class RunConfig:
     grad_accum: int | None = option(None, "Micro-batches accumulated per optimizer step.")
     seed: int = option(1337, "Seed for initialisation, data order and dropout.")
     # --- evaluation, logging, checkpoints
-    eval_interval: int = option(
-        50, "Evaluate (and checkpoint) every N iterations; 0 = only at the end."
+    eval_interval: int = option(50, "Evaluate every N iterations; 0 = only at the end.")
+    save_interval: int | None = option(
+        None,
+        "Checkpoint every N iterations; 0 = only at the end (and on a stop request). "
+        "Default: --eval_interval.",
     )
     eval_iters: int = option(
         20, "Evaluation batches: eval_iters x micro_batch_size fixed val windows."
     )
     log_interval: int = option(10, "Log training metrics every N iterations.")
+    peak_tflops: float | None = option(
+        None,
+        "Dense bf16 peak TFLOP/s of one GPU, for MFU (default: from the GPU's name; "
+        "needed for a GPU gpt_ds does not know).",
+    )
+    # --- monitors (DeepSpeed's; the DeepSpeed config's sections work too)
+    tensorboard_dir: str | None = option(
+        None,
+        "Write TensorBoard events under DIR/<run name> (pip install 'gpt_ds[monitor]').",
+        group="monitors",
+    )
+    wandb_project: str | None = option(
+        None,
+        "Log to this Weights & Biases project (WANDB_MODE=offline works without an API key).",
+        group="monitors",
+    )
+    wandb_run_name: str | None = option(
+        None, "The W&B run's name (default: the --out_dir folder's name).", group="monitors"
+    )
+    csv_dir: str | None = option(
+        None, "Write one CSV file per metric under DIR/<run name>.", group="monitors"
+    )
     resume: str | None = option(
         None,
         "Resume from a checkpoint tag in out_dir ('--resume' alone: the latest).",
@@ -109,7 +144,19 @@ class RunConfig:
         False, "Start even when the memory estimate says the run does not fit."
     )
     # the launcher passes --local_rank=N (newer ones --local-rank)
-    local_rank: int = option(-1, "Set by the DeepSpeed launcher.", aliases=("--local-rank",))
+    local_rank: int = option(
+        -1, "Set by the DeepSpeed launcher.", aliases=("--local-rank",), hidden=True
+    )
+
+    @property
+    def model_preset(self) -> str:
+        """--model, or the default preset when none was given."""
+        return self.model or DEFAULT_MODEL
+
+    @property
+    def run_name(self) -> str:
+        """What the monitors call this run: --wandb_run_name, else the out dir's name."""
+        return self.wandb_run_name or Path(self.out_dir).resolve().name
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -189,7 +236,12 @@ def build_parser():
 
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:
-    return cli.parse(RunConfig, argv)
+    """The run's flags: `--config FILE`'s values (flag_file.py), then the command line's."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    defaults = load_flag_file(known.config, RunConfig) if known.config else None
+    return cli.parse(RunConfig, argv, defaults=defaults)
 
 
 def run_settings(
@@ -217,13 +269,26 @@ def run_settings(
 def validate(cfg: RunConfig) -> None:
     """Raise one ConfigError listing every problem with the run config (files checked too)."""
     problems = _range_problems(cfg) + _file_problems(cfg)
-    if cfg.model not in MODEL_PRESETS:
+    if cfg.model_preset not in MODEL_PRESETS:
         problems.append(
             f"--model {cfg.model!r} is not a preset; choose one of {', '.join(MODEL_PRESETS)}"
         )
     elif all(getattr(cfg, n) is None or getattr(cfg, n) > 0 for n in _SHAPE_FIELDS):
-        shape = resolve_shape(cfg.model, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
+        shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
         problems += shape_problems(shape)
+    if cfg.init_from != "scratch":
+        sizes = ("model", "n_layer", "n_head", "n_embd")
+        given = [f"--{n}" for n in sizes if getattr(cfg, n) is not None]
+        if given:
+            problems.append(
+                f"--init_from {cfg.init_from} and {', '.join(given)} both given: the model's "
+                f"shape comes from the weights; drop {', '.join(given)}"
+            )
+    if cfg.save_only_on_improvement and cfg.save_interval is not None:
+        problems.append(
+            "--save_only_on_improvement and --save_interval both given: the former saves at "
+            "evaluations that improve the val loss; drop one"
+        )
     if cfg.init_from != "scratch" and cfg.resume:
         problems.append(
             "--init_from and --resume both given: a resumed run takes its weights "
@@ -246,6 +311,8 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         "log_interval": (False, False),
         "eval_iters": (False, False),
         "eval_interval": (False, True),
+        "save_interval": (True, True),
+        "peak_tflops": (True, False),
         "keep_last": (False, True),
         "vocab_multiple": (False, False),
     }

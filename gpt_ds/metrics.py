@@ -1,48 +1,27 @@
-"""Rank-0 training logs: readable console lines plus `OUT_DIR/metrics.jsonl`, one JSON per line.
+"""Rank-0 training logs: readable console lines, `OUT_DIR/metrics.jsonl` (one JSON record per
+line) and the DeepSpeed monitors (TensorBoard, W&B, CSV; monitoring.py), all from one record.
 
-Throughput, MFU and peak memory are derived here so the training loop only reports raw facts
-(iteration, loss, lr, tokens processed, elapsed time).
+Throughput, TFLOP/s, MFU, ETA and peak memory are derived here so the training loop only
+reports raw facts (iteration, loss, lr, gradient norm, elapsed time). Every record has a
+`kind` ("train", "eval" or "event"), the wall-clock `time` and the launch's `run_id`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-# Dense bf16/fp16 peak TFLOPS of common training GPUs, for MFU. Matched by substring.
-GPU_PEAK_TFLOPS = {
-    "H200": 989.0,
-    "H100": 989.0,
-    "A100": 312.0,
-    "A10G": 125.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-    "V100": 125.0,
-    "MI300X": 1307.0,
-    "MI250X": 383.0,
-    "MI250": 362.0,
-    "MI210": 181.0,
-    "MI100": 184.0,
-    "RTX 4090": 165.0,
-    "RTX 3090": 71.0,
-}
-
-
-def peak_flops_per_device() -> float | None:
-    """Peak dense half-precision FLOP/s of this rank's GPU, or None (CPU, unknown GPU)."""
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name()
-    for key, tflops in GPU_PEAK_TFLOPS.items():
-        if key in name:
-            return tflops * 1e12
-    return None
+METRICS_FILE = "metrics.jsonl"
+MonitorWriter = Callable[[int, dict[str, float]], None]  # (optimizer step, {tag: value})
 
 
 def peak_memory_gib() -> float:
@@ -53,31 +32,54 @@ def peak_memory_gib() -> float:
     return kib / 2**20
 
 
+def format_duration(seconds: float) -> str:
+    """45s, 2m40s, 3h05m, 2d04h: an ETA a person reads at a glance."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the logger needs to know of the run to derive its figures."""
+
+    max_iters: int
+    tokens_per_iter: int  # all ranks: train_batch_size x block_size
+    flops_per_token: float  # training FLOPs (forward + backward)
+    world_size: int
+    peak_flops: float | None  # per device, for MFU (peak_flops.py)
+    start_iter: int = 0  # where this launch started (resume), for the ETA
+
+
 class MetricsLogger:
-    """Writes log and eval records on rank 0; a no-op elsewhere."""
+    """Writes train, eval and event records on rank 0; a no-op elsewhere."""
 
     def __init__(
         self,
         out_dir: str | Path,
         enabled: bool,
-        flops_per_token: float,
-        world_size: int,
+        facts: RunFacts,
         run_id: str = "",
+        monitor: MonitorWriter | None = None,
     ):
         self.enabled = enabled
         self.run_id = run_id  # in every record: tells one launch's lines from another's
-        self.path = Path(out_dir) / "metrics.jsonl"
-        self.flops_per_token = flops_per_token
-        self.world_size = world_size
-        self.peak_flops = peak_flops_per_device()
+        self.path = Path(out_dir) / METRICS_FILE
+        self.facts = facts
+        self.monitor = monitor
+        self.started = time.perf_counter()
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def write(self, record: dict) -> None:
+    def write(self, kind: str, record: dict) -> None:
         if self.enabled:
             with self.path.open("a") as f:
-                # wall-clock seconds: when each record was written (benchmarks time steps by it)
-                rec = {**record, "time": round(time.time(), 3), "run_id": self.run_id}
+                rec = {"kind": kind, **record, "time": round(time.time(), 3), "run_id": self.run_id}
                 f.write(json.dumps(rec) + "\n")
 
     def log_train(
@@ -85,57 +87,153 @@ class MetricsLogger:
         iteration: int,
         loss: float,
         lr: float,
-        tokens: int,
         steps: int,
         seconds: float,
+        grad_norm: float | None = None,
+        loss_scale: float | None = None,
         comm_seconds_per_step: float | None = None,
     ) -> dict:
-        """Log `steps` iterations that processed `tokens` tokens (all ranks) in `seconds`.
-
-        `seconds` counts training steps only, so evaluation and checkpoint time do not
-        depress the throughput figures.
-        """
+        """Log `steps` iterations that took `seconds` of training (evaluation and checkpoint
+        time excluded, so they do not depress the throughput figures)."""
+        f = self.facts
         dt = max(seconds, 1e-9)
-        tps = tokens / dt
+        tps = f.tokens_per_iter * steps / dt
         rec = {
             "iter": iteration,
+            "tokens": iteration * f.tokens_per_iter,
             "loss": loss,
             "lr": lr,
             "tokens_per_sec": round(tps, 1),
             "step_time_s": round(dt / steps, 4),
             "peak_mem_gib": round(peak_memory_gib(), 3),
+            "tflops": round(tps * f.flops_per_token / f.world_size / 1e12, 4),
         }
+        if grad_norm is not None and math.isfinite(grad_norm):
+            rec["grad_norm"] = round(grad_norm, 5)
+        if loss_scale is not None:
+            rec["loss_scale"] = loss_scale
         if comm_seconds_per_step is not None:
             rec["comm_share"] = round(min(1.0, comm_seconds_per_step / rec["step_time_s"]), 3)
-        if self.peak_flops:
-            rec["mfu"] = round(tps * self.flops_per_token / (self.peak_flops * self.world_size), 4)
-        if self.enabled:
-            mfu = f" | mfu {rec['mfu'] * 100:5.1f}%" if "mfu" in rec else ""
-            if "comm_share" in rec:
-                mfu += f" | comm ~{rec['comm_share'] * 100:.0f}%"
-            print(
-                f"iter {iteration:6d} | loss {loss:.4f} | lr {lr:.3e} | {tps:9.0f} tok/s | "
-                f"{rec['step_time_s'] * 1000:7.1f} ms/it | mem {rec['peak_mem_gib']:.2f} GiB{mfu}",
-                flush=True,
+        if f.peak_flops:
+            rec["mfu"] = round(rec["tflops"] * 1e12 / f.peak_flops, 4)
+        done = iteration - f.start_iter
+        if done > 0:  # wall time per iteration so far, evaluations and checkpoints included
+            rec["eta_s"] = round(
+                (time.perf_counter() - self.started) / done * (f.max_iters - iteration), 1
             )
-            self.write(rec)
+        if self.enabled:
+            print(self._train_line(rec), flush=True)
+            self.write("train", rec)
+            self._monitor(iteration, _TRAIN_TAGS, rec)
         return rec
+
+    def _train_line(self, rec: dict) -> str:
+        parts = [
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} iter {rec['iter']:>{self._width}}/"
+            f"{self.facts.max_iters}",
+            f"loss {rec['loss']:.4f}",
+            f"lr {rec['lr']:.3e}",
+        ]
+        if "grad_norm" in rec:
+            parts.append(f"gnorm {rec['grad_norm']:.3f}")
+        parts += [
+            f"{rec['tokens_per_sec']:,.0f} tok/s",
+            f"{rec['step_time_s'] * 1000:.1f} ms/it",
+            f"mem {rec['peak_mem_gib']:.2f} GiB",
+            f"{rec['tflops']:.3g} TFLOP/s",
+        ]
+        if "mfu" in rec:
+            parts.append(f"mfu {rec['mfu'] * 100:.1f}%")
+        if "comm_share" in rec:
+            parts.append(f"comm ~{rec['comm_share'] * 100:.0f}%")
+        if "loss_scale" in rec:
+            parts.append(f"scale {rec['loss_scale']:g}")
+        if "eta_s" in rec:
+            parts.append(f"ETA {format_duration(rec['eta_s'])}")
+        return " | ".join(parts)
+
+    @property
+    def _width(self) -> int:
+        return len(str(self.facts.max_iters))
 
     def log_eval(
         self, iteration: int, val_loss: float, train_loss: float | None, ppl: float
     ) -> None:
-        rec = {"iter": iteration, "val_loss": val_loss, "val_ppl": round(ppl, 3)}
+        rec = {
+            "iter": iteration,
+            "tokens": iteration * self.facts.tokens_per_iter,
+            "val_loss": val_loss,
+            "val_ppl": round(ppl, 3),
+        }
         if train_loss is not None and math.isfinite(train_loss):
             rec["train_loss"] = train_loss
         if self.enabled:
-            print(f"eval {iteration:6d} | val loss {val_loss:.4f} | val ppl {ppl:.2f}", flush=True)
-            self.write(rec)
+            print(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} eval {iteration:>{self._width}}/"
+                f"{self.facts.max_iters} | val loss {val_loss:.4f} | val ppl {ppl:.2f}",
+                flush=True,
+            )
+            self.write("eval", rec)
+            self._monitor(iteration, _EVAL_TAGS, rec)
 
     def event(self, record: dict) -> None:
         """Any other record (start, checkpoint, stop) for the jsonl timeline."""
-        self.write(record)
+        self.write("event", record)
         if self.enabled and record.get("message"):
             print(record["message"], file=sys.stdout, flush=True)
+
+    def _monitor(self, step: int, tags: dict[str, str], rec: dict) -> None:
+        if self.monitor is not None:
+            self.monitor(step, {tag: rec[key] for key, tag in tags.items() if key in rec})
+
+
+# record key -> monitor tag (TensorBoard / W&B / CSV), with the optimizer step as x axis
+_TRAIN_TAGS = {
+    "loss": "train/loss",
+    "lr": "train/lr",
+    "grad_norm": "train/grad_norm",
+    "tokens_per_sec": "train/tokens_per_sec",
+    "tflops": "train/tflops_per_gpu",
+    "mfu": "train/mfu",
+    "peak_mem_gib": "train/memory_gib",
+    "loss_scale": "train/loss_scale",
+}
+_EVAL_TAGS = {"val_loss": "val/loss", "val_ppl": "val/perplexity"}
+
+
+def rewind(out_dir: str | Path, iteration: int) -> int:
+    """Move the records past `iteration` (written by a launch that then crashed) from
+    metrics.jsonl to metrics.jsonl.rewound-<iteration>, so a resumed run logs each iteration
+    once. Returns how many records moved; the file is replaced atomically."""
+    path = Path(out_dir) / METRICS_FILE
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    keep, drop = [], []
+    for line in lines:
+        try:
+            past = json.loads(line).get("iter", -1) > iteration
+        except (json.JSONDecodeError, AttributeError, TypeError):
+            past = not line.endswith("\n")  # a torn last line of the crash: aside with the rest
+        (drop if past else keep).append(line)
+    if not drop:
+        return 0
+    aside = path.with_name(f"{METRICS_FILE}.rewound-{iteration}")
+    with aside.open("a") as f:
+        f.writelines(line if line.endswith("\n") else line + "\n" for line in drop)
+    tmp = path.with_name(f".{METRICS_FILE}.tmp")
+    tmp.write_text("".join(keep))
+    os.replace(tmp, path)
+    return len(drop)
+
+
+def record_kind(record: dict) -> str:
+    """ "train", "eval" or "event", also for records written before `kind` existed."""
+    if "kind" in record:
+        return record["kind"]
+    if "val_loss" in record:
+        return "eval"
+    return "train" if "loss" in record else "event"
 
 
 def read_metrics(out_dir: str | Path, tolerate_partial_last_line: bool = False) -> list[dict]:
@@ -145,7 +243,7 @@ def read_metrics(out_dir: str | Path, tolerate_partial_last_line: bool = False) 
     no records, and a last line not yet ended by its newline is left out (the next read gets it).
     Any other line that is not JSON raises ValueError naming the file and line.
     """
-    path = Path(out_dir) / "metrics.jsonl"
+    path = Path(out_dir) / METRICS_FILE
     try:
         text = path.read_text()
     except FileNotFoundError:

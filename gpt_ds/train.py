@@ -28,7 +28,7 @@ if sys.prefix != sys.base_prefix:  # a venv: keep DeepSpeed's JIT-built ops insi
 warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", FutureWarning)
 
 # (E402 is off for this file in pyproject.toml: these imports must follow the sys.path fix)
-from gpt_ds import dist, run_lock
+from gpt_ds import dist, monitoring, run_lock
 from gpt_ds.checkpoint import (
     MANIFEST,
     CheckpointRef,
@@ -53,15 +53,15 @@ from gpt_ds.model import (
     pretrained_shape,
     resolve_shape,
 )
+from gpt_ds.monitoring import with_monitor_flags
 from gpt_ds.report import memory_estimate
 from gpt_ds.run_lock import RunLock
 from gpt_ds.trainer import RunPlan, Trainer
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
     try:
-        plan = plan_run(cfg)
+        plan = plan_run(parse_args(argv))
     except GptDsError as exc:
         return refuse(exc)
     dist.init()
@@ -101,9 +101,16 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
         check_model(resume, asdict(shape))
     universal = resume is not None and needs_universal(resume.manifest, world)
     settings = run_settings(cfg, world, load_universal=universal, hidden_size=shape.n_embd)
-    ds = resolve_ds_config(
-        load_ds_config(preset_path(cfg.deepspeed_config)), settings, source=cfg.deepspeed_config
+    raw = with_monitor_flags(
+        load_ds_config(preset_path(cfg.deepspeed_config)),
+        cfg.out_dir,
+        tensorboard_dir=cfg.tensorboard_dir,
+        csv_dir=cfg.csv_dir,
+        wandb_project=cfg.wandb_project,
+        run_name=cfg.run_name,
     )
+    ds = resolve_ds_config(raw, settings, source=cfg.deepspeed_config)
+    monitoring.check(ds.config)
     if resume is not None:
         now = Batch(world, ds.micro_batch_size, ds.grad_accum, shape.block_size)
         for line in check_batch(resume.manifest, now, cfg.allow_batch_change):
@@ -126,7 +133,7 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
 def model_shape(cfg: RunConfig) -> ModelShape:
     """The shape the run trains: a preset with overrides, or that of `--init_from` weights."""
     if cfg.init_from == "scratch":
-        shape = resolve_shape(cfg.model, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
+        shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
         return padded_vocab(shape, cfg.vocab_multiple)
     return pretrained_shape(cfg.init_from, cfg.block_size)
 

@@ -30,7 +30,7 @@ from gpt_ds.ds_config import ResolvedDsConfig
 from gpt_ds.errors import GptDsError
 from gpt_ds.evaluation import evaluate
 from gpt_ds.memory import MemoryEstimate
-from gpt_ds.metrics import MetricsLogger
+from gpt_ds.metrics import MetricsLogger, RunFacts, rewind
 from gpt_ds.model import (
     ModelShape,
     build_model,
@@ -41,6 +41,8 @@ from gpt_ds.model import (
     param_groups,
     shape_of,
 )
+from gpt_ds.monitoring import EngineMonitor, describe, prepare_wandb
+from gpt_ds.peak_flops import resolve_peak
 from gpt_ds.stop import StopRequest
 
 
@@ -97,6 +99,8 @@ class Trainer:
         self.best_tag: str | None = None
         self.last_val: float | None = None
         self.window = LogWindow()
+        self.monitor: EngineMonitor | None = None
+        self.last_val_iter = -1  # the iteration of `last_val`
 
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
@@ -104,6 +108,8 @@ class Trainer:
             return self._run()
         finally:
             self.stop.close()
+            if self.monitor is not None:
+                self.monitor.close()
 
     def _run(self) -> int:
         self.setup()
@@ -149,7 +155,7 @@ class Trainer:
         """Model -> engine -> start-up report -> data sampler -> resume."""
         cfg, ds = self.cfg, self.plan.ds
         report.rank_banner()
-        name = cfg.model if cfg.init_from == "scratch" else cfg.init_from
+        name = cfg.model_preset if cfg.init_from == "scratch" else cfg.init_from
         report.run_summary(name, self.shape, ds, self.plan.data)
         resume = self.plan.resume
         if resume is not None and needs_universal(resume.manifest, dist.world_size()):
@@ -164,12 +170,32 @@ class Trainer:
         )
         if resume is not None:
             self._resume(resume)
-        self.metrics = MetricsLogger(
-            cfg.out_dir,
-            dist.is_main(),
-            flops_per_token(self.shape),
-            dist.world_size(),
-            run_id=self.plan.run_id,
+        self.metrics = self._metrics_logger()
+
+    def _metrics_logger(self) -> MetricsLogger:
+        """The logger, its monitors and MFU peak; a resumed run's metrics.jsonl rewound."""
+        cfg, ds = self.cfg, self.plan.ds
+        peak, peak_line = resolve_peak(cfg.peak_tflops)
+        dist.print0(peak_line)
+        for line in describe(ds.config):
+            dist.print0(line)
+        if EngineMonitor.wanted(ds.config):
+            self.monitor = EngineMonitor(self.engine)
+        if dist.is_main() and self.iteration and (moved := rewind(cfg.out_dir, self.iteration)):
+            dist.print0(
+                f"metrics.jsonl: {moved} records past iteration {self.iteration} (the launch "
+                f"that stopped) moved to metrics.jsonl.rewound-{self.iteration}"
+            )
+        facts = RunFacts(
+            max_iters=cfg.max_iters,
+            tokens_per_iter=ds.train_batch_size * self.shape.block_size,
+            flops_per_token=flops_per_token(self.shape),
+            world_size=dist.world_size(),
+            peak_flops=peak,
+            start_iter=self.iteration,
+        )
+        return MetricsLogger(
+            cfg.out_dir, dist.is_main(), facts, run_id=self.plan.run_id, monitor=self.monitor
         )
 
     def _build_engine(self):
@@ -183,6 +209,7 @@ class Trainer:
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
         assert shape_of(model).num_params() == count_params(model)
+        prepare_wandb(ds.config, cfg.out_dir, cfg.run_name)
         weight_decay = ds.config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
         engine, *_ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, weight_decay), config=ds.config
@@ -247,22 +274,35 @@ class Trainer:
 
     def _log_train(self, it: int) -> None:
         loss, steps, seconds = self.window.take_log()
-        tokens = self.plan.ds.train_batch_size * self.shape.block_size * steps
-        lr = self.engine.get_lr()[0]
-        self.metrics.log_train(it, loss, lr, tokens, steps, seconds, self.comm_seconds)
+        self.metrics.log_train(
+            it,
+            loss,
+            self.engine.get_lr()[0],
+            steps,
+            seconds,
+            grad_norm=_as_float(self.engine.get_global_grad_norm()),
+            loss_scale=self._loss_scale(),
+            comm_seconds_per_step=self.comm_seconds,
+        )
+
+    def _loss_scale(self) -> float | None:
+        """fp16's dynamic loss scale (its drops show overflow), else None."""
+        if self.plan.ds.precision != "fp16":
+            return None
+        return _as_float(getattr(self.engine.optimizer, "loss_scale", None))
 
     # ------------------------------------------------------------------ the rules
     def after_step(self, it: int, stop_requested: bool) -> bool:
-        """Evaluate and checkpoint at eval points; on a stop request save (once) and stop.
-        Returns True when the run stops here. The last iteration is `finish`'s."""
+        """Evaluate at eval points, checkpoint at save points; on a stop request save (once)
+        and stop. Returns True when the run stops here. The last iteration is `finish`'s."""
         if it == self.cfg.max_iters:
             return False
+        if _due(it, self.cfg.eval_interval):
+            self.evaluate(it)
         saved = False
-        if self.cfg.eval_interval and it % self.cfg.eval_interval == 0:
-            improved = self.evaluate(it, tag=f"iter_{it}")
-            if improved or not self.cfg.save_only_on_improvement:
-                self.save(f"iter_{it}")
-                saved = True
+        if self._save_due(it):
+            self.save(f"iter_{it}")
+            saved = True
         if not stop_requested:
             return False
         dist.print0(f"{self.stop.reason or 'a stop was requested on another rank'}: saving")
@@ -271,16 +311,29 @@ class Trainer:
         dist.print0(f"stopped at iteration {it}; resume with --resume (tag iter_{it})")
         return True
 
+    def _save_due(self, it: int) -> bool:
+        """A save point: every --save_interval (default --eval_interval) iterations; with
+        --save_only_on_improvement, the evaluations that improved on the best checkpoint."""
+        if self.cfg.save_only_on_improvement:
+            return self.last_val_iter == it and self._improves()
+        interval = self.cfg.save_interval
+        return _due(it, self.cfg.eval_interval if interval is None else interval)
+
+    def _improves(self) -> bool:
+        """Whether the latest evaluation beats the best checkpoint's val loss."""
+        if self.last_val is None:
+            return False
+        return self.best_val is None or self.last_val < self.best_val
+
     def finish(self) -> int:
         """The final evaluation and the `final` checkpoint."""
-        self.evaluate(self.cfg.max_iters, tag="final")
+        self.evaluate(self.cfg.max_iters)
         self.save("final")
         dist.print0(f"done: {self.cfg.max_iters} iterations, val loss {self.last_val:.4f}")
         return 0
 
-    def evaluate(self, it: int, tag: str) -> bool:
-        """Validation loss at iteration `it`, logged; returns whether it is the best so far
-        (then `tag`, the checkpoint about to be written, becomes the best tag)."""
+    def evaluate(self, it: int) -> None:
+        """Validation loss at iteration `it`, logged; the next save at `it` carries it."""
         ds = self.plan.ds
         res = evaluate(
             self.engine,
@@ -293,15 +346,15 @@ class Trainer:
             dist.world_size(),
         )
         self.metrics.log_eval(it, res.loss, self.window.take_eval_mean(), res.perplexity)
-        self.last_val = res.loss
-        improved = self.best_val is None or res.loss < self.best_val
-        if improved:
-            self.best_val, self.best_tag = res.loss, tag
-        return improved
+        self.last_val, self.last_val_iter = res.loss, it
 
     def save(self, tag: str) -> None:
+        """Checkpoint `tag`; it becomes the best tag when evaluated here and better than any
+        earlier checkpoint (a save between evaluations has no val loss of its own)."""
         if self.cfg.no_checkpoint:
             return
+        if self.last_val_iter == self.iteration and self._improves():
+            self.best_val, self.best_tag = self.last_val, tag
         manifest = Manifest(
             tag=tag,
             iteration=self.iteration,
@@ -314,7 +367,7 @@ class Trainer:
             micro_batch_size=self.plan.ds.micro_batch_size,
             grad_accum=self.plan.ds.grad_accum,
             run_id=self.plan.run_id,
-            val_loss=self.last_val,
+            val_loss=self.last_val if self.last_val_iter == self.iteration else None,
             best_val_loss=self.best_val,
             best_tag=self.best_tag,
         )
@@ -322,3 +375,15 @@ class Trainer:
         self.metrics.event(
             {"event": "checkpoint", "iter": self.iteration, "tag": tag, "message": f"saved {path}"}
         )
+
+
+def _as_float(value) -> float | None:
+    """A DeepSpeed figure (tensor, float or None) as a float for the log."""
+    if value is None:
+        return None
+    return float(value.item() if isinstance(value, torch.Tensor) else value)
+
+
+def _due(it: int, interval: int) -> bool:
+    """Every `interval` iterations; 0 means never (only at the end)."""
+    return interval > 0 and it % interval == 0

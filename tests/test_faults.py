@@ -71,6 +71,10 @@ def logged_iters(out: Path) -> list[int]:
     return [r["iter"] for r in read_metrics(out, tolerate_partial_last_line=True) if "loss" in r]
 
 
+def read_metrics_file(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def latest(out: Path) -> str:
     return (out / "latest").read_text().strip()
 
@@ -212,6 +216,11 @@ def test_sigkill_a_rank_mid_training_then_resume(refs, launch, tmp_path):
     assert f"resumed from {out}/iter_{saved[-1]} at iteration {saved[-1]}" in resumed.output
     assert train_losses(out) == ref.losses
     assert_same_weights(ref.out, out)
+    # the killed launch's records past the checkpoint went aside: each iteration logged once
+    assert logged_iters(out) == list(range(1, ITERS + 1))
+    aside = out / f"metrics.jsonl.rewound-{saved[-1]}"
+    if aside.exists():
+        assert all(r["iter"] > saved[-1] for r in read_metrics_file(aside))
 
 
 # 2 layers, 128 wide: 111 MB per checkpoint, a save stays open ~0.3 s on this CPU, a window

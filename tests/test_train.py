@@ -138,7 +138,7 @@ def test_init_from_pretrained_directory(shakespeare_dir, tmp_path):
         shakespeare_dir,
         out,
         init_from=tmp_path / "pretrained",
-        model="gpt2-tiny",
+        model=None,
         block_size=None,
         max_iters=2,
         warmup_iters=0,

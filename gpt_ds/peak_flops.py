@@ -1,0 +1,85 @@
+"""Peak dense 16-bit matmul throughput of the run's accelerator, for MFU.
+
+Keyed by the exact model in the name the driver reports (`torch.cuda.get_device_name()`), so a
+PCIe card does not get its SXM sibling's figure and "L40" never matches "L40S". Figures are
+the vendors' dense BF16/FP16 tensor-core peaks (no structured sparsity), in TFLOP/s per GPU.
+An unknown device gives None and the trainer says so once (`--peak_tflops` sets it).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+# (model, pattern over the upper-cased device name, dense TFLOP/s); first match wins, so each
+# variant comes before its family's plain name. Sources: NVIDIA and AMD datasheets.
+PEAK_TFLOPS: tuple[tuple[str, str, float], ...] = (
+    ("GB200", r"\bGB200\b", 2500.0),
+    ("B200", r"\bB200\b", 2250.0),
+    ("B100", r"\bB100\b", 1750.0),
+    ("GH200", r"\bGH200\b", 989.4),
+    ("H200 NVL", r"\bH200\b.*\bNVL\b", 835.0),
+    ("H200", r"\bH200\b", 989.4),
+    ("H100 NVL", r"\bH100\b.*\bNVL\b", 835.0),
+    ("H100 PCIe", r"\bH100\b.*\bPCIE\b", 756.0),
+    ("H100 SXM", r"\bH100\b", 989.4),  # "H100 80GB HBM3", "H100 SXM5 80GB"
+    ("H800 PCIe", r"\bH800\b.*\bPCIE\b", 756.0),
+    ("H800", r"\bH800\b", 989.4),
+    ("H20", r"\bH20\b", 148.0),
+    ("A100", r"\bA100\b", 312.0),  # SXM4 and PCIe, 40 and 80 GB alike
+    ("A800", r"\bA800\b", 312.0),
+    ("A30", r"\bA30\b", 165.0),
+    ("A10G", r"\bA10G\b", 125.0),
+    ("A10", r"\bA10\b", 125.0),
+    ("L40S", r"\bL40S\b", 362.1),
+    ("L40", r"\bL40\b", 181.0),
+    ("L20", r"\bL20\b", 119.5),
+    ("L4", r"\bL4\b", 121.0),
+    ("V100S", r"\bV100S\b", 130.0),
+    ("V100 PCIe", r"\bV100\b.*\bPCIE\b", 112.0),
+    ("V100", r"\bV100\b", 125.0),
+    ("RTX 6000 Ada", r"\bRTX 6000 ADA\b", 364.2),
+    ("RTX 4090", r"\bRTX 4090\b", 165.2),
+    ("RTX 3090", r"\bRTX 3090\b", 71.0),
+    ("MI355X", r"\bMI355X\b", 2500.0),
+    ("MI350X", r"\bMI350X\b", 2300.0),
+    ("MI325X", r"\bMI325X\b", 1307.4),
+    ("MI300X", r"\bMI300X\b", 1307.4),
+    ("MI300A", r"\bMI300A\b", 980.6),
+    ("MI250X", r"\bMI250X\b", 383.0),
+    ("MI250", r"\bMI250\b", 362.1),
+    ("MI210", r"\bMI210\b", 181.0),
+    ("MI100", r"\bMI100\b", 184.6),
+)
+
+
+def lookup(device_name: str) -> tuple[str, float] | None:
+    """(model, dense TFLOP/s) for a device name such as "NVIDIA H100 PCIe", or None."""
+    name = device_name.upper().replace("-", " ").replace("_", " ")
+    for model, pattern, tflops in PEAK_TFLOPS:
+        if re.search(pattern, name):
+            return model, tflops
+    return None
+
+
+def device_name() -> str | None:
+    """This rank's accelerator as the driver names it; None on CPU."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def resolve_peak(override_tflops: float | None) -> tuple[float | None, str]:
+    """(peak FLOP/s per device or None, a line for the log saying where it came from)."""
+    if override_tflops is not None:
+        return override_tflops * 1e12, f"MFU against {override_tflops:g} TFLOP/s (--peak_tflops)"
+    name = device_name()
+    if name is None:
+        return None, "MFU: not reported on CPU (no peak to compare with)"
+    found = lookup(name)
+    if found is None:
+        return None, (
+            f"MFU: unknown device {name!r}, not reported; give its dense bf16 peak with "
+            "--peak_tflops N (TFLOP/s per GPU)"
+        )
+    model, tflops = found
+    return tflops * 1e12, f"MFU against {tflops:g} TFLOP/s dense bf16 ({model}, from {name!r})"
