@@ -85,6 +85,7 @@ class MetricsLogger:
     def log_train(
         self,
         iteration: int,
+        tokens: int,
         loss: float,
         lr: float,
         steps: int,
@@ -94,13 +95,14 @@ class MetricsLogger:
         comm_seconds_per_step: float | None = None,
     ) -> dict:
         """Log `steps` iterations that took `seconds` of training (evaluation and checkpoint
-        time excluded, so they do not depress the throughput figures)."""
+        time excluded, so they do not depress the throughput figures); `tokens`: trained on
+        so far, all ranks."""
         f = self.facts
         dt = max(seconds, 1e-9)
         tps = f.tokens_per_iter * steps / dt
         rec = {
             "iter": iteration,
-            "tokens": iteration * f.tokens_per_iter,
+            "tokens": tokens,
             "loss": loss,
             "lr": lr,
             "tokens_per_sec": round(tps, 1),
@@ -157,11 +159,11 @@ class MetricsLogger:
         return len(str(self.facts.max_iters))
 
     def log_eval(
-        self, iteration: int, val_loss: float, train_loss: float | None, ppl: float
+        self, iteration: int, tokens: int, val_loss: float, train_loss: float | None, ppl: float
     ) -> None:
         rec = {
             "iter": iteration,
-            "tokens": iteration * self.facts.tokens_per_iter,
+            "tokens": tokens,
             "val_loss": val_loss,
             "val_ppl": round(ppl, 3),
         }

@@ -101,6 +101,7 @@ class Trainer:
         self.window = LogWindow()
         self.monitor: EngineMonitor | None = None
         self.last_val_iter = -1  # the iteration of `last_val`
+        self.tokens_seen = 0  # trained on so far, all ranks (in checkpoints and records)
 
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
@@ -223,6 +224,8 @@ class Trainer:
         self.iteration = resumed.iteration
         self.best_val, self.best_tag = resumed.best_val_loss, resumed.best_tag
         self.sampler.load_state_dict(resumed.sampler_state)
+        per_iter = self.plan.ds.train_batch_size * self.shape.block_size
+        self.tokens_seen = resumed.manifest.tokens_seen or self.iteration * per_iter
         dist.print0(f"resumed from {self.cfg.out_dir}/{ref.tag} at iteration {self.iteration}")
 
     # ------------------------------------------------------------------ one iteration
@@ -245,6 +248,7 @@ class Trainer:
         mean_loss = total / dist.world_size()
         self._check_finite(it, mean_loss, self.engine.skipped_steps > skipped_before)
         self.iteration = it
+        self.tokens_seen += self.plan.ds.train_batch_size * self.shape.block_size
         self.window.add(mean_loss, time.perf_counter() - t0)
         if it % self.cfg.log_interval == 0 or it == self.cfg.max_iters:
             self._log_train(it)
@@ -276,6 +280,7 @@ class Trainer:
         loss, steps, seconds = self.window.take_log()
         self.metrics.log_train(
             it,
+            self.tokens_seen,
             loss,
             self.engine.get_lr()[0],
             steps,
@@ -345,7 +350,9 @@ class Trainer:
             dist.rank(),
             dist.world_size(),
         )
-        self.metrics.log_eval(it, res.loss, self.window.take_eval_mean(), res.perplexity)
+        self.metrics.log_eval(
+            it, self.tokens_seen, res.loss, self.window.take_eval_mean(), res.perplexity
+        )
         self.last_val, self.last_val_iter = res.loss, it
 
     def save(self, tag: str) -> None:
@@ -370,6 +377,7 @@ class Trainer:
             val_loss=self.last_val if self.last_val_iter == self.iteration else None,
             best_val_loss=self.best_val,
             best_tag=self.best_tag,
+            tokens=self.tokens_seen,
         )
         path = self.checkpointer.save(self.engine, self.sampler, manifest)
         self.metrics.event(

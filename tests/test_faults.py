@@ -541,6 +541,9 @@ def test_resume_on_another_world_size(stage, refs, launch, shakespeare_dir, tmp_
     losses = train_losses(out)
     assert math.isclose(losses[7], expected, abs_tol=1e-6), (losses[7], expected)
     assert train_lrs(out) == {i: ref.lrs[i] for i in (5, 6, 7, 8)}
+    # tokens seen count on across both batch changes: 512 per step on 2 ranks, 256 on 1
+    tokens = {r["iter"]: r["tokens"] for r in read_metrics(out) if r.get("kind") == "train"}
+    assert tokens == {5: 2304, 6: 2560, 7: 3072, 8: 3584}, tokens
     # a fresh run starts at ln(50257) ~ 10.8; this one continues where the checkpoint was
     assert all(losses[i] < ref.losses[1] - 0.2 for i in (5, 6, 7, 8)), losses
     # iterations 5-6 and 7-8 saw other batches than the 2-rank run's: the final val loss

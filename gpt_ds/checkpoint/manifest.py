@@ -52,6 +52,18 @@ class Manifest:
     saved_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     universal: bool = False  # made by ds_to_universal, loadable on any world size
     source_tag: str | None = None  # for a universal checkpoint: the tag it was made from
+    tokens: int | None = None  # tokens trained on, all ranks (None: saved before it was kept)
+
+    @property
+    def tokens_seen(self) -> int | None:
+        """Tokens trained on up to this checkpoint: as recorded, else from its batch (exact
+        unless an earlier resume changed the batch), else None."""
+        if self.tokens is not None:
+            return self.tokens
+        if self.micro_batch_size is None or self.grad_accum is None:
+            return None
+        batch = self.micro_batch_size * self.grad_accum * self.world_size
+        return self.iteration * batch * int(self.model["block_size"])
 
     @property
     def shape(self) -> ModelShape:
