@@ -4,9 +4,12 @@
     resolved = resolve_ds_config(raw, RunSettings(world_size=2, max_iters=2000), source=path)
     deepspeed.initialize(model=..., config=resolved.config)  # no "auto" left
 
-Everything here is pure Python (no process group, no model), so a bad config or batch arithmetic
-fails in a second, before DeepSpeed starts. DeepSpeed's own validation is partial: it ignores a
-misspelled top-level section and coerces "2" to 2; the schema rejects both.
+Every "auto" a config written for the Hugging Face Trainer may hold is filled as the Trainer's
+integration fills it (ds_configs/README.md, "Configs written for the HF Trainer"); the optimizer
+and LR-schedule sections are ds_schedule.py's. Everything here is pure Python (no process group,
+no model), so a bad config or batch arithmetic fails in a second, before DeepSpeed starts.
+DeepSpeed's own validation is partial: it ignores a misspelled top-level section and coerces "2"
+to 2; the schema rejects both.
 """
 
 from __future__ import annotations
@@ -19,16 +22,26 @@ from importlib import metadata
 from typing import Any
 
 from gpt_ds.config import CLI_FLAGS, RunSettings
+from gpt_ds.ds_schedule import fill_optimizer_and_schedule, is_set
 from gpt_ds.ds_schema import validate_ds_config
 from gpt_ds.errors import ConfigError
 from gpt_ds.precision import detect_precision
 
 DEFAULT_MICRO_BATCH = 4
 DEFAULT_GRAD_ACCUM = 1
-DEFAULT_LR = 6e-4
-DEFAULT_MIN_LR_FRACTION = 0.1  # min_lr = lr / 10, as in GPT-3 / nanoGPT
-DEFAULT_MAX_WARMUP = 100  # warmup = min(100, max_iters // 10)
 DEFAULT_GRAD_CLIP = 1.0
+
+# ZeRO sizes "auto" may take, derived from the model's width h as the HF Trainer derives them
+# (transformers' HfTrainerDeepSpeedConfig.trainer_config_finalize): (rule, formula, fallback).
+# Without a model (a tool resolving a config alone) the presets' sizes stand in; see
+# ds_configs/README.md for why those sizes.
+_WIDTH_SIZES = {
+    "reduce_bucket_size": (lambda h: h * h, "h*h", 50_000_000),
+    "stage3_prefetch_bucket_size": (lambda h: int(0.9 * h * h), "0.9*h*h", 50_000_000),
+    "stage3_param_persistence_threshold": (lambda h: 10 * h, "10*h", 100_000),
+}
+# DeepSpeed's own "auto", which DeepSpeed resolves itself.
+_DEEPSPEED_AUTOS = ("data_types.keep_in_fp32_modules",)
 
 
 # Monitor sections whose package DeepSpeed imports only inside deepspeed.initialize.
@@ -84,12 +97,15 @@ def resolve_ds_config(
     r = _Resolver(copy.deepcopy(raw), run, source)
     micro, accum, total = r.batch()
     precision = r.precision()
-    lr, min_lr, warmup = r.optimizer_and_schedule()
+    lr, min_lr, warmup = fill_optimizer_and_schedule(r)
     grad_clip = r.grad_clip()
+    r.zero_sizes()
     r.monitors()
     r.leftover_autos()
     if run.load_universal:
         r.cfg.setdefault("checkpoint", {})["load_universal"] = True
+    if not r.problems:  # each filled value must satisfy the schema like a written one
+        r.problems = [f'{p} (after filling "auto")' for p in validate_ds_config(r.cfg)]
     if r.problems:
         raise ConfigError(r.problems, source)
     return ResolvedDsConfig(
@@ -104,11 +120,6 @@ def resolve_ds_config(
         warmup_iters=warmup,
         grad_clip=grad_clip,
     )
-
-
-def _is_set(value: Any) -> bool:
-    """A concrete config value: present and not "auto"."""
-    return value is not None and value != "auto"
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -130,7 +141,7 @@ class _Resolver:
         line, else `default`. Concrete in both places and different: a problem."""
         run_value = getattr(self.run, run_field)
         flag = CLI_FLAGS[run_field]
-        if _is_set(cfg_value):
+        if is_set(cfg_value):
             if run_value is not None and not _same(cfg_value, run_value):
                 self.problems.append(
                     f"{key} is {cfg_value} in {self.source} but {flag} {run_value} was given; "
@@ -153,7 +164,7 @@ class _Resolver:
         accum, accum_from = self.pick(
             "gradient_accumulation_steps", cfg.get("gradient_accumulation_steps"), "grad_accum"
         )
-        total = cfg.get("train_batch_size") if _is_set(cfg.get("train_batch_size")) else None
+        total = cfg.get("train_batch_size") if is_set(cfg.get("train_batch_size")) else None
 
         if total is None:
             micro = micro if micro is not None else DEFAULT_MICRO_BATCH
@@ -250,100 +261,6 @@ class _Resolver:
         self.notes.append(f"precision: {precision} ({reason})")
         return precision
 
-    # -- optimizer and LR schedule ----------------------------------------------------------------
-
-    def _cpu_adam(self, optimizer: dict) -> None:
-        """On a CPU-only run, Adam(W) without offload becomes torch's own (`torch_adam`).
-
-        DeepSpeed's CPU Adam kernel updates its bias-correction powers incrementally, so a
-        resumed run (which recomputes them) drifts by float rounding from an uninterrupted one;
-        torch's AdamW recomputes them every step, making resume bit-exact. It also skips a
-        JIT compile. GPU runs keep DeepSpeed's fused kernel.
-        """
-        from deepspeed.accelerator import get_accelerator
-
-        offload = self.cfg.get("zero_optimization", {}).get("offload_optimizer", {})
-        if (
-            get_accelerator().device_name() == "cpu"
-            and optimizer.get("type", "").lower() in ("adam", "adamw")
-            and offload.get("device", "none") == "none"
-            and "torch_adam" not in optimizer["params"]
-        ):
-            optimizer["params"]["torch_adam"] = True
-            self.notes.append("optimizer: torch AdamW on CPU (exact resume; no kernel compile)")
-
-    def optimizer_and_schedule(self) -> tuple[float, float, int]:
-        run, cfg = self.run, self.cfg
-        optimizer = cfg.get("optimizer")
-        opt_params = optimizer.setdefault("params", {}) if optimizer is not None else {}
-        scheduler = cfg.get("scheduler")
-        sched_type = scheduler["type"] if scheduler is not None else None
-        params = scheduler.setdefault("params", {}) if scheduler is not None else {}
-
-        lr_cfg = opt_params.get("lr")
-        if not _is_set(lr_cfg) and sched_type in ("WarmupLR", "WarmupDecayLR"):
-            lr_cfg = params.get("warmup_max_lr")
-        lr, lr_from = self.pick("optimizer.params.lr", lr_cfg, "lr", DEFAULT_LR)
-
-        min_lr, min_lr_from = self._min_lr(params.get("cos_min_ratio"), lr)
-        default_warmup = max(1, min(DEFAULT_MAX_WARMUP, run.max_iters // 10))
-        warmup, warmup_from = self.pick(
-            "scheduler.params.warmup_num_steps",
-            params.get("warmup_num_steps"),
-            "warmup_iters",
-            default_warmup,
-        )
-        total, _ = self.pick(
-            "scheduler.params.total_num_steps", params.get("total_num_steps"), "max_iters"
-        )
-        if warmup == 0:
-            warmup = 1
-            self.notes.append("warmup: 0 given; DeepSpeed's warmup schedules need >= 1, using 1")
-        if scheduler is not None and warmup > run.max_iters:
-            self.problems.append(
-                f"warmup_num_steps {warmup} ({warmup_from}) exceeds the run's {run.max_iters} "
-                "steps (--max_iters): the learning rate would never reach its peak"
-            )
-        if min_lr > lr:
-            self.problems.append(f"min lr {min_lr} ({min_lr_from}) is above lr {lr} ({lr_from})")
-
-        if optimizer is not None:
-            opt_params["lr"] = lr
-            self._cpu_adam(optimizer)
-        else:
-            self.notes.append("optimizer: none in the config; the trainer must pass one")
-        fills = {
-            "total_num_steps": total,
-            "warmup_num_steps": warmup,
-            "cos_min_ratio": min_lr / lr,
-            "warmup_max_lr": lr,
-        }
-        for key, value in fills.items():
-            if params.get(key) == "auto":
-                params[key] = value
-        if scheduler is not None:
-            self.notes.append(
-                f"lr: {sched_type}, peak {lr:g} ({lr_from}), {warmup} warmup steps "
-                f"({warmup_from}), down to {min_lr:g} ({min_lr_from}) at step {total}"
-            )
-        else:
-            self.notes.append(f"lr: {lr:g} ({lr_from}), no scheduler in the config")
-        return lr, min_lr, warmup
-
-    def _min_lr(self, ratio: Any, lr: float) -> tuple[float, str]:
-        run_min = self.run.min_lr
-        if _is_set(ratio):
-            if run_min is not None and not math.isclose(ratio * lr, run_min, rel_tol=1e-6):
-                self.problems.append(
-                    f"scheduler.params.cos_min_ratio is {ratio} in {self.source} (min lr "
-                    f"{ratio * lr:g} at lr {lr:g}) but --min_lr {run_min} was given; remove one "
-                    '(or set cos_min_ratio to "auto")'
-                )
-            return ratio * lr, f"cos_min_ratio {ratio} in {self.source}"
-        if run_min is not None:
-            return run_min, "--min_lr"
-        return lr * DEFAULT_MIN_LR_FRACTION, "default lr/10"
-
     def grad_clip(self) -> float:
         clip, clip_from = self.pick(
             "gradient_clipping", self.cfg.get("gradient_clipping"), "grad_clip", DEFAULT_GRAD_CLIP
@@ -352,6 +269,27 @@ class _Resolver:
         state = "off" if clip == 0 else f"global norm {clip:g}"
         self.notes.append(f"gradient clipping: {state} ({clip_from})")
         return clip
+
+    # -- ZeRO sizes ------------------------------------------------------------------------------
+
+    def zero_sizes(self) -> None:
+        """ZeRO sizes set to "auto": from the model's width, as the HF Trainer sets them. The
+        stage3_ ones are filled below ZeRO-3 too (DeepSpeed ignores them there)."""
+        zero = self.cfg.get("zero_optimization") or {}
+        keys = [key for key in _WIDTH_SIZES if zero.get(key) == "auto"]
+        if not keys:
+            return
+        h = self.run.hidden_size
+        for key in keys:
+            rule, _, fallback = _WIDTH_SIZES[key]
+            zero[key] = rule(h) if h else fallback
+        if h:
+            sizes = ", ".join(f"{k} {zero[k]:,} ({_WIDTH_SIZES[k][1]})" for k in keys)
+            why = f"h = the model's width {h}, as the HF Trainer derives them"
+        else:
+            sizes = ", ".join(f"{k} {zero[k]:,}" for k in keys)
+            why = "the model's width is unknown here: the presets' sizes"
+        self.notes.append(f'ZeRO sizes (were "auto"): {sizes}; {why}')
 
     # -- monitors and leftovers ----------------------------------------------------------------
 
@@ -373,14 +311,22 @@ class _Resolver:
 
     def leftover_autos(self) -> None:
         """An "auto" the schema allows but nothing above filled (e.g. in a torch scheduler)."""
-        for section in ("optimizer", "scheduler"):
-            params = self.cfg.get(section, {}).get("params", {})
-            for key, value in params.items():
-                if value == "auto":
-                    self.problems.append(
-                        f'{section}.params.{key}: "auto" is not filled by gpt_ds for '
-                        f"{self.cfg[section]['type']}; set a value"
-                    )
+        for where in _auto_paths(self.cfg):
+            if where in _DEEPSPEED_AUTOS:
+                continue
+            section = self.cfg.get(where.split(".")[0])
+            kind = section.get("type") if isinstance(section, dict) else None
+            of = f" for {kind}" if isinstance(kind, str) else ""
+            self.problems.append(f'{where}: "auto" is not filled by gpt_ds{of}; set a value')
+
+
+def _auto_paths(node: Any, where: str = "") -> list[str]:
+    """The JSON path of every "auto" in `node`."""
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _auto_paths(v, f"{where}.{k}".lstrip("."))]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _auto_paths(v, f"{where}[{i}]")]
+    return [where] if node == "auto" else []
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
