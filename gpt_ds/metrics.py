@@ -229,13 +229,19 @@ def rewind(out_dir: str | Path, iteration: int) -> int:
     return len(drop)
 
 
-def record_kind(record: dict) -> str:
-    """ "train", "eval" or "event", also for records written before `kind` existed."""
-    if "kind" in record:
+KINDS = ("train", "eval", "event")
+
+
+def record_kind(record: dict) -> str | None:
+    """ "train", "eval" or "event": the record's `kind`, else inferred (records written before
+    `kind` existed); None for anything else."""
+    if record.get("kind") in KINDS:
         return record["kind"]
     if "val_loss" in record:
         return "eval"
-    return "train" if "loss" in record else "event"
+    if "loss" in record:
+        return "train"
+    return "event" if "event" in record else None
 
 
 def read_metrics(out_dir: str | Path, tolerate_partial_last_line: bool = False) -> list[dict]:

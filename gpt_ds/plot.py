@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt_ds.errors import GptDsError
-from gpt_ds.metrics import read_metrics
+from gpt_ds.metrics import read_metrics, record_kind
 
-KINDS = ("train", "eval", "event")
 INSTALL_HINT = "pip install 'gpt_ds[plot]'"
 
 
@@ -64,19 +63,6 @@ class _Launch:
         if self.tokens_per_iter is None:
             return None
         return self.base_tokens + (iteration - self.start_iter) * self.tokens_per_iter
-
-
-def record_kind(rec: dict) -> str | None:
-    """The record's kind ("train", "eval" or "event"): its "kind" field, else inferred."""
-    if rec.get("kind") in KINDS:
-        return rec["kind"]
-    if "val_loss" in rec:
-        return "eval"
-    if "loss" in rec:
-        return "train"
-    if "event" in rec:
-        return "event"
-    return None
 
 
 def _split_launches(records: list[dict]) -> list[_Launch]:
