@@ -39,9 +39,10 @@ def with_monitor_flags(
         sec = cfg.setdefault(section, {}) if path else cfg.get(section, {})
         if path:
             sec.update(enabled=True, output_path=str(path))
-        if sec.get("enabled"):
-            sec.setdefault("output_path", str(Path(out_dir) / section))
-            sec.setdefault("job_name", run_name)
+        if sec.get("enabled"):  # DeepSpeed's defaults: "" (its ~/<section> folder), a fixed name
+            sec["output_path"] = sec.get("output_path") or str(Path(out_dir) / section)
+            if sec.get("job_name") in (None, "", "DeepSpeedJobName"):
+                sec["job_name"] = run_name
     if wandb_project:
         cfg.setdefault("wandb", {}).update(enabled=True, project=wandb_project)
     return cfg

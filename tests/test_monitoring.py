@@ -172,3 +172,28 @@ def test_wandb_online_without_a_key_is_refused_before_training(shakespeare_dir, 
     assert proc.returncode == 2
     assert "wandb: online mode needs an API key" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_configs_own_monitor_sections_write_under_the_out_dir(monkeypatch):
+    from gpt_ds.monitoring import describe, with_monitor_flags
+
+    user = {"tensorboard": {"enabled": True, "output_path": ""}, "csv_monitor": {"enabled": False}}
+    cfg = with_monitor_flags(
+        user, "out/run", tensorboard_dir=None, csv_dir=None, wandb_project=None, run_name="run"
+    )
+    assert cfg["tensorboard"] == {
+        "enabled": True,
+        "output_path": "out/run/tensorboard",
+        "job_name": "run",
+    }
+    assert cfg["csv_monitor"] == {"enabled": False} and user["tensorboard"]["output_path"] == ""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    flags = with_monitor_flags(
+        {}, "out/run", tensorboard_dir="tb", csv_dir="csv", wandb_project="p", run_name="r1"
+    )
+    assert describe(flags) == [
+        "monitor: tensorboard -> tb/r1",
+        "monitor: W&B project p (offline mode)",
+        "monitor: csv_monitor -> csv/r1",
+    ]
+    assert flags["wandb"] == {"enabled": True, "project": "p"}
