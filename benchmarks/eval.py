@@ -82,10 +82,10 @@ def eval_worker(result: Path, run_args: list[str]) -> None:
         trainer = Trainer(RunPlan(cfg=cfg, shape=shape, ds=ds, data=data, resume=None,
                                   estimate=estimate))  # fmt: skip
         trainer.setup()
-        trainer.evaluate(0, tag="warm-up")
+        trainer.evaluate(0)  # warm-up
         dist.barrier()
         start = time.perf_counter()
-        trainer.evaluate(1, tag="timed")
+        trainer.evaluate(1)  # timed
         seconds = time.perf_counter() - start
         windows = cfg.eval_iters * ds.micro_batch_size
         if dist.is_main():
