@@ -134,31 +134,38 @@ def gpt2_config(shape: ModelShape, dropout: float = 0.0):
 
 
 def build_model(
-    shape: ModelShape, dropout: float = 0.0, init_from: str = "scratch", chunked_loss: bool = False
+    shape: ModelShape,
+    dropout: float = 0.0,
+    init_from: str = "scratch",
+    chunked_loss: bool = False,
+    zero3_config: dict | None = None,
 ):
     """A `GPT2LMHeadModel`: freshly initialised, or loaded from a Hugging Face directory/name.
 
     With `chunked_loss` it is training_model.GPT2TrainingModel, the same model whose forward
     also computes the loss without the full logits (see `lm_loss`). `init_from` other than
     "scratch" is passed to `from_pretrained`; the hub is only reached where the machine can,
-    so offline clusters pass a local directory.
+    so offline clusters pass a local directory. With a ZeRO-3 DeepSpeed config the model is
+    built partitioned (model_zero3.py): no rank ever holds it whole.
     """
     from transformers import GPT2LMHeadModel
 
+    from gpt_ds.model_zero3 import fresh_model, hf_zero3
     from gpt_ds.training_model import GPT2TrainingModel
 
     cls = GPT2TrainingModel if chunked_loss else GPT2LMHeadModel
     if init_from == "scratch":
         cfg = gpt2_config(shape, dropout)
         cfg._attn_implementation = "sdpa"
-        return cls(cfg)
-    return cls.from_pretrained(
-        init_from,
-        attn_implementation="sdpa",
-        resid_pdrop=dropout,
-        embd_pdrop=dropout,
-        attn_pdrop=dropout,
-    )
+        return fresh_model(cls, cfg, zero3_config)
+    with hf_zero3(zero3_config):  # transformers fills the shards as it reads the weights
+        return cls.from_pretrained(
+            init_from,
+            attn_implementation="sdpa",
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
+        )
 
 
 def enable_activation_checkpointing(model) -> None:
@@ -182,12 +189,12 @@ def shape_of(model) -> ModelShape:
 
 
 def count_params(model: torch.nn.Module) -> int:
-    """Unique parameters (tied tensors counted once)."""
+    """Unique parameters (tied tensors counted once; ZeRO-3 partitioned ones at full size)."""
     seen, total = set(), 0
     for p in model.parameters():
         if id(p) not in seen:
             seen.add(id(p))
-            total += p.numel()
+            total += getattr(p, "ds_numel", p.numel())
     return total
 
 
@@ -245,8 +252,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only; biases and LayerNorm gains are not decayed."""
     decay, no_decay = [], []
     for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
+        if p.requires_grad:  # a ZeRO-3 partitioned parameter is flat: its full shape is ds_shape
+            (decay if len(getattr(p, "ds_shape", p.shape)) >= 2 else no_decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},

@@ -205,7 +205,11 @@ class Trainer:
         cfg, ds = self.cfg, self.plan.ds
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = build_model(
-            self.shape, cfg.dropout, cfg.init_from, chunked_loss=cfg.loss == "chunked"
+            self.shape,
+            cfg.dropout,
+            cfg.init_from,
+            chunked_loss=cfg.loss == "chunked",
+            zero3_config=ds.config if ds.zero_stage == 3 else None,  # built partitioned
         )
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)

@@ -36,6 +36,13 @@ class GPT2TrainingModel(GPT2LMHeadModel):
 
     takes_targets = True  # model.lm_loss routes the loss through forward(targets=...)
 
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        """GPT-2's own modules: initialise them as GPT-2's. For a class defined outside
+        transformers, its initialize_weights skips a module whose own parameters are already
+        set, so GPT-2's scaled c_proj init (std 0.02/sqrt(2 n_layer)) never ran."""
+        return False
+
     def __init__(self, config):
         super().__init__(config)
         # the same Linear, tied to the embedding as before: only its forward is extended

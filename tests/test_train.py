@@ -125,9 +125,11 @@ def test_resume_continues_the_same_run(shakespeare_dir, tmp_path):
         assert torch.equal(wa[name], wb[name]), name
 
 
-def test_init_from_pretrained_directory(shakespeare_dir, tmp_path):
+@pytest.mark.parametrize("stage", [2, 3])
+def test_init_from_pretrained_directory(stage, shakespeare_dir, tmp_path):
     """--init_from loads a Hugging Face GPT-2 directory: with a negligible lr, the run's val
-    loss is the pretrained model's own, computed here with plain transformers."""
+    loss is the pretrained model's own, computed here with plain transformers. Under ZeRO-3
+    transformers fills the partitioned model's shards as it reads the weights."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -138,6 +140,7 @@ def test_init_from_pretrained_directory(shakespeare_dir, tmp_path):
         shakespeare_dir,
         out,
         init_from=tmp_path / "pretrained",
+        deepspeed_config=f"ds_configs/zero{stage}.json",
         model=None,
         block_size=None,
         max_iters=2,

@@ -251,7 +251,9 @@ def estimate_run(
         shape, micro_batch_size, precision, activation_checkpointing, chunked_loss=chunked_loss
     )
     buffers = _buffers(shape, zero_stage, world_size, precision, settings)
-    cpu = _cpu_per_node(shape, cpu_rank, ranks_per_node=min(gpus_per_node, world_size))
+    cpu = _cpu_per_node(
+        shape, cpu_rank, ranks_per_node=min(gpus_per_node, world_size), zero_init=zero_stage == 3
+    )
     act_detail = {f"activations_{k}" if k != "logits" else k: v for k, v in act.items()}
     return MemoryEstimate(
         zero_stage=zero_stage,
@@ -283,10 +285,15 @@ class _NodeCpu:
     detail: dict[str, int]  # the per-node components, start-up fp32 model included
 
 
-def _cpu_per_node(shape: ModelShape, cpu_rank: dict[str, int], ranks_per_node: int) -> _NodeCpu:
+def _cpu_per_node(
+    shape: ModelShape, cpu_rank: dict[str, int], ranks_per_node: int, zero_init: bool
+) -> _NodeCpu:
     """One node's CPU memory from one rank's CPU components: the larger of the start-up fp32
-    model (every rank builds it before deepspeed.initialize) and the offloaded states."""
-    startup = 4 * shape.num_params() * ranks_per_node
+    model and the offloaded states. Below ZeRO-3 every rank builds the whole model before
+    deepspeed.initialize; under ZeRO-3 it is built partitioned (model_zero3.py), one module
+    at a time whole on the host, as DeepSpeed's own estimator counts `zero_init`."""
+    built = largest_module_params(shape) if zero_init else shape.num_params()
+    startup = 4 * built * ranks_per_node
     states = sum(v for k, v in cpu_rank.items() if k != "cpu_pinned_staging")
     total = max(startup, (states + cpu_rank["cpu_pinned_staging"]) * ranks_per_node)
     detail = {k: v * ranks_per_node for k, v in cpu_rank.items()}
