@@ -25,7 +25,7 @@ from gpt_ds.config import CLI_FLAGS, RunSettings
 from gpt_ds.ds_schedule import fill_optimizer_and_schedule, is_set
 from gpt_ds.ds_schema import validate_ds_config
 from gpt_ds.errors import ConfigError
-from gpt_ds.precision import detect_precision
+from gpt_ds.precision import detect_precision, precision_refusal
 
 DEFAULT_MICRO_BATCH = 4
 DEFAULT_GRAD_ACCUM = 1
@@ -256,6 +256,8 @@ class _Resolver:
                 reason = f"{reason}, but {precision}.enabled is false in {self.source}"
                 precision = "fp32"
 
+        if refusal := precision_refusal(precision):  # before any rank builds a model
+            self.problems.append(f"{reason}: {refusal}")
         cfg.setdefault("bf16", {})["enabled"] = precision == "bf16"
         cfg.setdefault("fp16", {})["enabled"] = precision == "fp16"
         self.notes.append(f"precision: {precision} ({reason})")

@@ -409,6 +409,7 @@ def test_precision_both_disabled_is_fp32(monkeypatch):
 @pytest.mark.parametrize("detected", ["bf16", "fp16", "fp32"])
 def test_precision_detected_when_auto(monkeypatch, detected):
     monkeypatch.setattr(ds_config, "detect_precision", lambda: (detected, "test hardware"))
+    monkeypatch.setattr(ds_config, "precision_refusal", lambda _p: None)  # test_precision's
     r = resolve_ds_config(zero2(), run_settings(precision="auto"))
     assert r.precision == detected
     assert r.config["bf16"]["enabled"] is (detected == "bf16")
@@ -426,6 +427,7 @@ def test_detected_precision_disabled_by_config_falls_back_to_fp32(monkeypatch):
 
 def test_cli_precision_forces(monkeypatch):
     monkeypatch.setattr(ds_config, "detect_precision", lambda: pytest.fail("not called"))
+    monkeypatch.setattr(ds_config, "precision_refusal", lambda _p: None)  # test_precision's
     r = resolve_ds_config(zero2(), run_settings(precision="fp16"))
     assert r.config["fp16"]["enabled"] is True and r.config["bf16"]["enabled"] is False
 
