@@ -1,9 +1,10 @@
 """Token data for training and evaluation: checked memmaps, a per-rank sampler, eval windows.
 
 `train.bin`/`val.bin` are flat uint16 GPT-2 token ids (nanoGPT's format) described by
-`meta.json` (written by tools/prepare_data.py). Batches are drawn by a counter-based sampler: the
-batch for (seed, rank, step) is a pure function of those three numbers, so the sampler's whole
-state is one integer and a resumed run sees exactly the data an uninterrupted one would.
+`meta.json` (written by tools/prepare_data.py). Training windows come from a counter-based
+sampler: sequence i of a rank's stream is a pure function of (seed, rank, i), so the sampler's
+whole state is one integer (sequences drawn), a resumed run sees exactly the data an
+uninterrupted one would, and the micro-batch / accumulation split of a step does not matter.
 """
 
 from __future__ import annotations
@@ -89,7 +90,14 @@ def _check_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
 
 
 class TrainSampler:
-    """Random training windows for one rank, reproducible from (seed, rank, step).
+    """Random training windows for one rank: the rank's sample stream is a pure function of
+    (seed, rank, sequence index).
+
+    Sequence i starts at an offset drawn from Philox, a counter-based generator, keyed by
+    (seed, rank) at counter i: any stretch of the stream is computed directly, without drawing
+    what comes before it. So how a rank's batch is split into micro-batches (`--micro_batch_size
+    2 --grad_accum 4` or `8 --grad_accum 1`) does not change which sequences it sees, and the
+    sampler's whole state is one integer, the sequences drawn so far.
 
     `next_batch()` returns (x, y) of shape (B, T): y is x shifted by one token.
     """
@@ -97,23 +105,44 @@ class TrainSampler:
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int):
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.seed, self.rank = seed, rank
-        self.position = 0  # micro-batches drawn so far
+        self.sequences = 0  # drawn so far from this rank's stream
+
+    def starts(self, first: int, count: int) -> np.ndarray:
+        """Window offsets of sequences first .. first + count - 1 of this rank's stream."""
+        high = len(self.tokens) - self.block_size - 1  # offsets 0 .. high - 1
+        key = np.array([self.seed % 2**64, self.rank], dtype=np.uint64)
+        # each counter step gives four 64-bit words: sequence i takes the first after counter i
+        raw = np.random.Philox(key=key, counter=first).random_raw(4 * count)[::4]
+        unit = (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53  # 53 random bits in [0, 1)
+        return np.minimum((unit * high).astype(np.int64), high - 1)  # rounding never gives high
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        rng = np.random.default_rng([self.seed, self.rank, self.position])
-        self.position += 1
-        starts = rng.integers(0, len(self.tokens) - self.block_size - 1, size=self.batch_size)
-        rows = np.stack([self.tokens[s : s + self.block_size + 1] for s in starts]).astype(np.int64)
-        batch = torch.from_numpy(rows)  # (B, T+1)
-        return batch[:, :-1], batch[:, 1:]
+        starts = self.starts(self.sequences, self.batch_size)
+        self.sequences += self.batch_size
+        return window_batch(self.tokens, starts, self.block_size)
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "rank": self.rank, "position": self.position}
+        return {
+            "seed": self.seed,
+            "rank": self.rank,
+            "sequences": self.sequences,
+            "micro_batch_size": self.batch_size,  # for the record; the state is `sequences`
+        }
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue after the state's `sequences`. A state of gpt_ds before the per-sequence
+        stream counts micro-batches (`position`): it continues after position x the saved
+        micro-batch (`micro_batch_size`, which the checkpoint loader adds from the manifest;
+        else this run's) sequences: as far along the new stream as the old run had drawn, but
+        other windows than the old code would have drawn next (not a bit-identical
+        continuation of a pre-change run)."""
         if state["seed"] != self.seed:
             raise DataError(f"sampler state has seed {state['seed']}, this run {self.seed}")
-        self.position = int(state["position"])
+        if "sequences" in state:
+            self.sequences = int(state["sequences"])
+        else:
+            micro = state.get("micro_batch_size") or self.batch_size
+            self.sequences = int(state["position"]) * int(micro)
 
 
 def eval_windows(num_tokens: int, block_size: int, count: int) -> np.ndarray:

@@ -151,8 +151,8 @@ def test_a_batch_change_is_refused_with_the_way_back():
         "resuming iter_10 changes the batch: world size 2 -> 4, gradient accumulation 2 -> 1",
         "  global batch 16 -> 16 sequences per step (512 -> 512 tokens); the 10 steps so far "
         "saw 5,120 tokens",
-        "  data: ranks 0-1 continue their sample streams after 20 micro-batches; ranks 2-3 "
-        "start new ones",
+        "  data: ranks 0-1 continue their sample streams after 80 sequences; ranks 2-3 start "
+        "new ones",
         "  a resume is exact only with the saved batch: resume with 2 ranks, "
         "--micro_batch_size 4 --grad_accum 2; to accept the change, pass --allow_batch_change",
     ]
@@ -161,8 +161,19 @@ def test_a_batch_change_is_refused_with_the_way_back():
 def test_an_allowed_micro_batch_change_is_reported():
     lines = check_batch(saved_manifest(), Batch(2, 8, 2, 32), allowed=True)
     assert lines[0] == "resuming iter_10 changes the batch: micro-batch 4 -> 8"
-    assert "with the new micro-batch every draw holds other samples" in lines[2]
+    assert lines[2] == "data: ranks 0-1 continue their sample streams after 80 sequences"
     assert lines[-1] == "--allow_batch_change: going on; this is not an exact continuation"
+
+
+def test_a_new_split_of_the_same_batch_keeps_the_sequences():
+    lines = check_batch(saved_manifest(), Batch(2, 8, 1, 32), allowed=True)
+    assert lines[:3] == [
+        "resuming iter_10 changes the batch: micro-batch 4 -> 8, gradient accumulation 2 -> 1",
+        "global batch 16 -> 16 sequences per step (512 -> 512 tokens); the 10 steps so far saw "
+        "5,120 tokens",
+        "data: ranks 0-1 continue their sample streams after 80 sequences (each rank's step "
+        "keeps its 8 sequences, split into other micro-batches: equal to float rounding)",
+    ]
 
 
 def test_a_checkpoint_without_a_recorded_batch_compares_the_world_size_only():

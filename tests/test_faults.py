@@ -98,11 +98,12 @@ def assert_same_weights(out_a: Path, out_b: Path, tag: str = "final") -> None:
         assert torch.equal(wa[name], wb[name]), f"{name} differs"
 
 
-def batch_loss(out: Path, tag: str, data_dir: Path, ranks: list[int], position: int) -> float:
-    """Mean loss of the weights in `tag` on each rank's training batch at sampler `position`.
+def batch_loss(out: Path, tag: str, data_dir: Path, ranks: list[int], sequences: int) -> float:
+    """Mean loss of the weights in `tag` on each rank's next training batch after `sequences`
+    drawn.
 
-    One process, plain transformers: the batch for (seed, rank, position) is a pure function
-    of those numbers (gpt_ds.data.TrainSampler), so this is what a resumed run must log first.
+    One process, plain transformers: sequence i of a rank's stream is a pure function of
+    (seed, rank, i) (gpt_ds.data.TrainSampler), so this is what a resumed run must log first.
     """
     from gpt_ds.data import TrainSampler
     from gpt_ds.model import lm_loss
@@ -112,7 +113,7 @@ def batch_loss(out: Path, tag: str, data_dir: Path, ranks: list[int], position: 
     losses = []
     for r in ranks:
         sampler = TrainSampler(tokens, block_size=64, batch_size=4, seed=1337, rank=r)
-        sampler.position = position
+        sampler.sequences = sequences
         with torch.no_grad():
             losses.append(lm_loss(model, *sampler.next_batch()).item())
     return sum(losses) / len(losses)
@@ -511,7 +512,7 @@ def test_resume_on_another_world_size(stage, refs, launch, shakespeare_dir, tmp_
         "error: resuming iter_4 changes the batch: world size 2 -> 1\n"
         "  global batch 8 -> 4 sequences per step (512 -> 256 tokens); the 4 steps so far saw "
         "2,048 tokens\n"
-        "  data: rank 0 continues its sample stream after 4 micro-batches; the sample streams "
+        "  data: rank 0 continues its sample stream after 16 sequences; the sample streams "
         "of rank 1 end here\n"
         "  a resume is exact only with the saved batch: resume with 2 ranks, "
         "--micro_batch_size 4 --grad_accum 1; to accept the change, pass --allow_batch_change"
@@ -525,15 +526,15 @@ def test_resume_on_another_world_size(stage, refs, launch, shakespeare_dir, tmp_
     assert "iter_4 was saved by 2 ranks, this run has 1: converting it" in one.output
     assert f"resumed from {out}/iter_4_universal at iteration 4" in one.output
     losses = train_losses(out)
-    expected = batch_loss(ref.out, "iter_4", shakespeare_dir, ranks=[0], position=4)
+    expected = batch_loss(ref.out, "iter_4", shakespeare_dir, ranks=[0], sequences=16)
     # measured equal to the last bit: the conversion restores the fp32 weights exactly
     assert math.isclose(losses[5], expected, abs_tol=1e-6), (losses[5], expected)
     assert train_lrs(out) == {i: ref.lrs[i] for i in (5, 6)}
-    expected = batch_loss(out, "final", shakespeare_dir, ranks=[0, 1], position=6)
+    expected = batch_loss(out, "final", shakespeare_dir, ranks=[0, 1], sequences=24)
 
     two = launch(ref.args(out, **resize), "to_two").finish_ok()
     assert (
-        "data: rank 0 continues its sample stream after 6 micro-batches; rank 1 starts a new stream"
+        "data: rank 0 continues its sample stream after 24 sequences; rank 1 starts a new stream"
         in (two.output)
     )
     assert "final was saved by 1 ranks, this run has 2: converting it" in two.output

@@ -2,8 +2,11 @@
 
 A resume is exact only with the batch it was saved with: each rank draws its own sample stream
 (data.TrainSampler), so another world size drops or adds streams, and another micro-batch or
-accumulation changes the samples of every step and the tokens per step. Resuming that way can
-be what a user wants (fewer GPUs after a failure), but never silently.
+accumulation changes the sequences and tokens per step. A new split of the same per-rank batch
+(micro-batch 4 x accumulation 2 -> 8 x 1) keeps every step's sequences (the stream is counted in
+sequences, not micro-batches) but sums the gradient in another order: equal to float rounding,
+not bit-identical. Resuming that way can be what a user wants (fewer GPUs after a failure, a
+smaller micro-batch after running out of memory), but never silently.
 """
 
 from __future__ import annotations
@@ -62,19 +65,47 @@ def _ranks(first: int, last: int) -> str:
 
 def data_position(saved: Batch, now: Batch, iteration: int) -> str:
     """Where each rank's sample stream goes on, in words."""
-    drawn = iteration * (saved.grad_accum or 1)
     kept = min(saved.world_size, now.world_size)
     verb = "continues its sample stream" if kept == 1 else "continue their sample streams"
-    line = f"data: {_ranks(0, kept - 1)} {verb} after {drawn} micro-batches"
+    line = f"data: {_ranks(0, kept - 1)} {verb} after {_drawn(saved, iteration)}"
     if now.world_size > saved.world_size:
         verb = "starts a new stream" if now.world_size == saved.world_size + 1 else "start new ones"
         line += f"; {_ranks(saved.world_size, now.world_size - 1)} {verb}"
     elif now.world_size < saved.world_size:
         gone = _ranks(now.world_size, saved.world_size - 1)
         line += f"; the sample streams of {gone} end here"
-    if saved.micro_batch_size not in (None, now.micro_batch_size):
-        line += " (with the new micro-batch every draw holds other samples)"
+    split = (saved.micro_batch_size, saved.grad_accum) != (now.micro_batch_size, now.grad_accum)
+    if split and _per_rank(saved) is not None and _per_rank(saved) == _per_rank(now):
+        line += (
+            f" (each rank's step keeps its {_per_rank(now)} sequences, split into other "
+            "micro-batches: equal to float rounding)"
+        )
     return line
+
+
+def _per_rank(batch: Batch) -> int | None:
+    """Sequences one rank draws per step (None: not recorded)."""
+    if batch.micro_batch_size is None or batch.grad_accum is None:
+        return None
+    return batch.micro_batch_size * batch.grad_accum
+
+
+def _drawn(saved: Batch, iteration: int) -> str:
+    """How far each rank's stream is at `iteration` of the saved batch."""
+    per_rank = _per_rank(saved)
+    if per_rank is None:
+        return f"{iteration} steps"
+    return f"{iteration * per_rank} sequences"
+
+
+def with_saved_micro_batch(sampler_state: dict, manifest: Manifest) -> dict:
+    """`sampler_state` with the checkpoint's micro-batch added where it lacks one: a state of
+    gpt_ds before the per-sequence stream counts micro-batches, which data.TrainSampler turns
+    into sequences with it."""
+    micro = Batch.of(manifest).micro_batch_size
+    if micro is None:
+        return sampler_state
+    return {"micro_batch_size": micro, **sampler_state}
 
 
 def batch_report(manifest: Manifest, now: Batch) -> list[str]:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from gpt_ds import dist
+from gpt_ds.checkpoint.batch import with_saved_micro_batch
 from gpt_ds.checkpoint.integrity import (
     ALGORITHM,
     checksum_problems,
@@ -310,7 +311,7 @@ class Checkpointer:
             iteration=manifest.iteration,
             best_val_loss=manifest.best_val_loss,
             best_tag=manifest.best_tag,
-            sampler_state=self._load_rank_state(ref),
+            sampler_state=with_saved_micro_batch(self._load_rank_state(ref), manifest),
             manifest=manifest,
         )
 

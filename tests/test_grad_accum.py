@@ -1,0 +1,185 @@
+"""Gradient accumulation, proven: a rank's samples do not depend on how its batch is split into
+micro-batches (gpt_ds.data.TrainSampler, fast tests), so `--micro_batch_size 2 --grad_accum 4`
+trains as `--micro_batch_size 8 --grad_accum 1` to float rounding under ZeRO-1/2/3 (real 2-rank
+runs, helpers.compared_runs); a resume with accumulation is exact; evaluations and checkpoints
+land on optimizer steps, counted as DeepSpeed counts them in its own engine state."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers.compared_runs import (
+    BASE,
+    ITERS,
+    assert_losses_close,
+    assert_weights_close,
+    compared_run,
+)
+from helpers.launch import run_deepspeed, tiny_run_args
+from helpers.runs import consolidated_model, train_losses, train_lrs, val_losses
+
+from gpt_ds.checkpoint import Manifest
+from gpt_ds.checkpoint.batch import with_saved_micro_batch
+from gpt_ds.data import TrainSampler
+from gpt_ds.errors import DataError
+from gpt_ds.metrics import read_metrics
+
+BLOCK = 16
+# token i is i: a window's first token is its start offset
+TOKENS = np.arange(20_000, dtype=np.uint16)
+# the evaluation set is eval_iters x micro_batch_size windows: 16 in both
+SPLIT = {"micro_batch_size": 2, "grad_accum": 4, "eval_iters": 8}
+WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}
+
+
+def sampler(batch: int, rank: int = 0, seed: int = 7) -> TrainSampler:
+    return TrainSampler(TOKENS, BLOCK, batch, seed=seed, rank=rank)
+
+
+def draw(s: TrainSampler, times: int) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = zip(*(s.next_batch() for _ in range(times)), strict=True)
+    return torch.cat(xs), torch.cat(ys)
+
+
+# ---------------------------------------------------------------------------- the sampler
+def test_a_split_batch_draws_the_same_sequences():
+    x8, y8 = draw(sampler(8), 3)  # 3 steps of micro-batch 8
+    x2, y2 = draw(sampler(2), 12)  # the same 3 steps as 4 micro-batches of 2
+    assert torch.equal(x2, x8) and torch.equal(y2, y8)
+    assert len(set(x8[:, 0].tolist())) == 24  # 24 different windows
+
+
+def test_windows_are_the_split_at_their_starts():
+    s = sampler(64)
+    x, y = s.next_batch()
+    starts = x[:, 0].numpy()
+    assert np.array_equal(starts, s.starts(0, 64))
+    for row, start in enumerate(starts):
+        window = torch.from_numpy(TOKENS[start : start + BLOCK + 1].astype(np.int64))
+        assert torch.equal(x[row], window[:-1]) and torch.equal(y[row], window[1:])
+    assert starts.min() >= 0 and starts.max() < len(TOKENS) - BLOCK - 1
+    assert np.array_equal(sampler(4).starts(10, 6), s.starts(0, 16)[10:])  # any stretch
+
+
+def test_streams_differ_by_rank_and_seed_and_cover_the_split():
+    base = sampler(1).starts(0, 100)
+    assert not np.array_equal(base, sampler(1, rank=1).starts(0, 100))
+    assert not np.array_equal(base, sampler(1, seed=8).starts(0, 100))
+    assert np.array_equal(base, sampler(1).starts(0, 100))  # and nothing else
+    counts = np.bincount(sampler(1).starts(0, 50_000) * 10 // (len(TOKENS) - BLOCK - 1))
+    assert len(counts) == 10 and counts.min() > 4_700 and counts.max() < 5_300  # uniform
+
+
+def test_state_counts_sequences_and_resumes_the_stream():
+    s = sampler(4)
+    draw(s, 3)
+    state = s.state_dict()
+    assert state == {"seed": 7, "rank": 0, "sequences": 12, "micro_batch_size": 4}
+    resumed = sampler(2)  # another split continues the same stream
+    resumed.load_state_dict(state)
+    assert torch.equal(draw(resumed, 2)[0], draw(s, 1)[0])
+    with pytest.raises(DataError, match="sampler state has seed 7, this run 8"):
+        sampler(4, seed=8).load_state_dict(state)
+
+
+def test_a_state_of_the_micro_batch_counting_sampler_continues_after_its_sequences():
+    """Before the per-sequence stream, the state was `position`, micro-batches drawn: it
+    continues after position x the checkpoint's micro-batch (the manifest's), else this
+    run's."""
+    old = {"seed": 7, "rank": 1, "position": 5}
+    manifest = Manifest(
+        tag="iter_5",
+        iteration=5,
+        world_size=2,
+        zero_stage=2,
+        model={"block_size": BLOCK},
+        config={"micro_batch_size": 3, "grad_accum": 1},
+        files={},
+    )
+    s = sampler(6, rank=1)
+    s.load_state_dict(with_saved_micro_batch(old, manifest))
+    assert s.sequences == 15
+    s.load_state_dict(old)  # nothing recorded: this run's micro-batch
+    assert s.sequences == 30
+    new = sampler(3).state_dict()  # a current state keeps its own count
+    assert with_saved_micro_batch(new, manifest)["sequences"] == 0
+
+
+# ---------------------------------------------------------------------------- real runs
+@pytest.fixture
+def runs(shakespeare_dir, tmp_path_factory):
+    root = tmp_path_factory.getbasetemp() / "compared_runs"
+    return lambda stage, **o: compared_run(shakespeare_dir, root, stage, **o)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_accumulation_trains_as_a_larger_micro_batch(stage, runs):
+    """4 micro-batches of 2 per step == 1 of 8: the same sequences, losses, learning rates,
+    evaluations and final weights, to float rounding (the gradient is summed in another
+    order)."""
+    split, whole = runs(stage, **SPLIT), runs(stage, **WHOLE)
+    assert_losses_close(split, whole)
+    assert train_lrs(split) == train_lrs(whole)
+    vals_split, vals_whole = val_losses(split), val_losses(whole)
+    assert sorted(vals_split) == sorted(vals_whole) == [2, 4]
+    # a real learning rate: it trains (step 1 runs at DeepSpeed's warm-up start, lr 0)
+    assert vals_whole[4] < vals_whole[2] - 0.3, vals_whole
+    for it in (2, 4):
+        assert math.isclose(vals_split[it], vals_whole[it], rel_tol=1e-5)
+    tokens = [{r["iter"]: r["tokens"] for r in read_metrics(out) if r.get("kind") == "train"}
+              for out in (split, whole)]  # fmt: skip
+    assert tokens[0] == tokens[1] == {i: i * 2 * 8 * 64 for i in range(1, ITERS + 1)}
+    assert_weights_close(split, whole)
+
+
+def engine_state(out: Path, tag: str, stage: int) -> dict:
+    """DeepSpeed's own engine state in `tag` (ZeRO-3: rank 0's model-states file)."""
+    name = "zero_pp_rank_0_mp_rank_00" if stage == 3 else "mp_rank_00"
+    return torch.load(out / tag / f"{name}_model_states.pt", weights_only=False, mmap=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_evaluations_and_checkpoints_land_on_optimizer_steps(stage, runs):
+    """With --grad_accum 4 and --eval_interval 2, a step is 4 micro-batches: evaluations at
+    steps 2 and 4 (not micro-step 2), a checkpoint whose iteration is DeepSpeed's own count
+    of optimizer steps, and every rank's stream 8 sequences further per step."""
+    out = runs(stage, **SPLIT)
+    records = read_metrics(out)
+    assert [r["iter"] for r in records if r.get("kind") == "eval"] == [2, 4]
+    assert [r["tag"] for r in records if r.get("event") == "checkpoint"] == ["iter_2", "final"]
+    for tag, it in (("iter_2", 2), ("final", 4)):
+        assert Manifest.read(out / tag).iteration == it
+        state = engine_state(out, tag, stage)
+        assert (state["global_steps"], state["global_samples"]) == (it, it * 2 * 8)
+        for rank in (0, 1):
+            rank_state = torch.load(out / tag / f"gpt_ds_rank{rank}.pt", weights_only=False)
+            assert rank_state["sampler"]["sequences"] == it * 8
+
+
+@pytest.mark.slow
+def test_resume_with_accumulation_is_exact(runs, shakespeare_dir, tmp_path):
+    """Steps 3-4 resumed from the `iter_2` checkpoint of a --grad_accum 4 run (ZeRO-2) ==
+    the uninterrupted run's: identical losses, evaluation and weights."""
+    ref = runs(2, **SPLIT)
+    out = tmp_path / "resumed"
+    out.mkdir()
+    shutil.copytree(ref / "iter_2", out / "iter_2")
+    (out / "latest").write_text("iter_2")
+    args = {**SPLIT, "deepspeed_config": "ds_configs/zero2.json", "resume": True}
+    args = tiny_run_args(shakespeare_dir, out, **{**BASE, **args})
+    proc = run_deepspeed(args)
+    assert f"resumed from {out}/iter_2 at iteration 2" in proc.stdout
+    got, expected = train_losses(out), train_losses(ref)
+    assert sorted(got) == [3, 4]
+    assert [got[i] for i in (3, 4)] == [expected[i] for i in (3, 4)]
+    assert val_losses(out) == {4: val_losses(ref)[4]}
+    wa = consolidated_model(ref, "final").state_dict()
+    wb = consolidated_model(out, "final").state_dict()
+    assert all(torch.equal(wa[n], wb[n]) for n in wa)
