@@ -54,12 +54,16 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "gpt_ds --loss full": ("gpt_ds", ["--loss", "full"]),
     "gpt_ds --vocab_multiple 1": ("gpt_ds", ["--vocab_multiple", "1"]),
     "gpt_ds --compile": ("gpt_ds", ["--compile"]),
+    "gpt_ds --activation_checkpointing": ("gpt_ds", ["--activation_checkpointing"]),
     "HF Trainer": ("peer", ["--trainer", "hf"]),
     "bare DeepSpeed loop": ("peer", ["--trainer", "bare"]),
 }
 REFERENCE = "HF Trainer"
-# --compile compiles for a minute or more per launch on a CPU: asked for by name (--rows)
-DEFAULT_ROWS = [r for r in ROWS if r != "gpt_ds --compile"]
+# --compile compiles for a minute or more per launch on a CPU: asked for by name (--rows), as
+# is activation checkpointing (benchmarks/activation_checkpointing.py measures it)
+DEFAULT_ROWS = [
+    r for r in ROWS if r not in ("gpt_ds --compile", "gpt_ds --activation_checkpointing")
+]
 
 
 @dataclass
@@ -262,7 +266,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_ROWS,
         choices=list(ROWS),
         metavar="ROW",
-        help=f"which rows (default all but --compile): {', '.join(map(repr, ROWS))}",
+        help="which rows (default all but gpt_ds --compile and --activation_checkpointing): "
+        + ", ".join(map(repr, ROWS)),
     )
     p.add_argument("--data_dir", help="a prepared data dir (default: Tiny Shakespeare)")
     p.add_argument("--work_dir", help="keep every launch's log and output here")
