@@ -140,6 +140,17 @@ class RunConfig:
         "Let --resume continue with another world size, micro-batch or accumulation than the "
         "checkpoint's (not an exact continuation; the change is logged).",
     )
+    release_host_memory: str = option(
+        "auto",
+        "Give freed host memory blocks (1 MiB and up) back to the kernel at once: on, off, or "
+        "auto (on for CPU ranks and models of 100M+ parameters; see gpt_ds/host_memory.py).",
+        choices=("auto", "on", "off"),
+    )
+    dry_run: bool = option(
+        False,
+        "Build the model and the engine, report the memory every rank holds, and exit before "
+        "the first step (nothing written): does this run start, and fit?",
+    )
     ignore_memory_estimate: bool = option(
         False, "Start even when the memory estimate says the run does not fit."
     )

@@ -300,9 +300,12 @@ class _Resolver:
             if not self.cfg.get(section, {}).get("enabled"):
                 continue
             if importlib.util.find_spec(module) is None:
+                flag = {"tensorboard": "--tensorboard_dir", "wandb": "--wandb_project"}.get(section)
+                how = "pip install 'gpt_ds[monitor]'" if flag else f"pip install {package}"
+                drop = f"drop {flag} or set" if flag else "set"
                 self.problems.append(
                     f"{section}.enabled is true but the '{package}' package is not installed: "
-                    f"pip install {package}, or set {section}.enabled to false"
+                    f"{how}, or {drop} {section}.enabled to false"
                 )
             elif min_version and _version_tuple(metadata.version(package)) < min_version:
                 need = ".".join(map(str, min_version))

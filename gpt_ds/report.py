@@ -15,6 +15,7 @@ from gpt_ds.memory import (
     estimate_run,
     measured_model_state_bytes,
 )
+from gpt_ds.metrics import peak_memory_gib
 from gpt_ds.model import ModelShape
 
 
@@ -102,6 +103,27 @@ def model_states(engine, estimate: MemoryEstimate) -> None:
         + ", ".join(f"rank {r} {b / 2**30:.3f} GiB" for r, b in enumerate(per_rank))
         + f"; predicted peak during the step {estimate.model_state_bytes / 2**30:.3f} GiB"
     )
+
+
+def startup_memory(estimate: MemoryEstimate, before_gib: float) -> list[float]:
+    """Each rank's peak memory once the engine exists (GPU allocator, or RSS on CPU), and how
+    much of it came with the model and engine (above `before_gib`, the rank's peak before the
+    model was built), printed next to the prediction; returns the peaks in GiB."""
+    world = dist.world_size()
+    mine = [0.0] * (2 * world)
+    mine[dist.rank()], mine[world + dist.rank()] = peak_memory_gib(), before_gib
+    both = dist.all_reduce_sum(mine)
+    peaks, before = both[:world], both[world:]
+    dist.print0(
+        "memory after start-up, peak per rank (of which model and engine): "
+        + ", ".join(
+            f"rank {r} {p:.2f} ({p - b:.2f}) GiB"
+            for r, (p, b) in enumerate(zip(peaks, before, strict=True))
+        )
+        + f"; predicted model and engine {estimate.startup_bytes / 2**30:.2f} GiB, "
+        + f"{estimate.total / 2**30:.2f} GiB during the step"
+    )
+    return peaks
 
 
 def print_memory_estimate(est: MemoryEstimate) -> None:

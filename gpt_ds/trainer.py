@@ -29,8 +29,9 @@ from gpt_ds.data import TokenData, TrainSampler
 from gpt_ds.ds_config import ResolvedDsConfig
 from gpt_ds.errors import GptDsError
 from gpt_ds.evaluation import evaluate
+from gpt_ds.host_memory import release_freed_blocks, wants_release
 from gpt_ds.memory import MemoryEstimate
-from gpt_ds.metrics import MetricsLogger, RunFacts, rewind
+from gpt_ds.metrics import MetricsLogger, RunFacts, peak_memory_gib, rewind
 from gpt_ds.model import (
     ModelShape,
     build_model,
@@ -114,6 +115,9 @@ class Trainer:
 
     def _run(self) -> int:
         self.setup()
+        if self.cfg.dry_run:
+            dist.print0("dry run: model and engine built on every rank; stopping before step 1")
+            return 0
         if self.iteration >= self.cfg.max_iters:
             dist.print0(
                 f"nothing to do: checkpoint is at iteration {self.iteration} >= --max_iters"
@@ -161,9 +165,13 @@ class Trainer:
         resume = self.plan.resume
         if resume is not None and needs_universal(resume.manifest, dist.world_size()):
             resume = convert_on_rank0(resume)  # the DeepSpeed config already loads universal
+        if wants_release(cfg.release_host_memory, dist.device().type, self.shape.num_params()):
+            dist.print0(release_freed_blocks())  # every rank: before the model exists
+        before = peak_memory_gib()  # the process itself: interpreter, imports, data
         self.engine = self._build_engine()
         self.estimate = self.plan.estimate
         report.print_memory_estimate(self.estimate)
+        report.startup_memory(self.estimate, before)
         self.comm_seconds = report.communication_plan(self.shape, ds)
         torch.manual_seed(cfg.seed + 1000 * dist.rank())  # per-rank dropout streams
         self.sampler = TrainSampler(

@@ -1,27 +1,21 @@
 """The per-rank memory estimate of a GPT-2 under DeepSpeed ZeRO (0.19): `estimate_run`.
 
-What one GPU holds and what one node's CPU holds for ZeRO stages 0-3 with and without offload
-and activation checkpointing. `estimate_run` is the trainer's start-up estimate and the
-memory column of the preset picker (gpt_ds/memory/picker.py).
+What one GPU and one node's CPU hold for ZeRO stages 0-3, with and without offload and
+activation checkpointing: the trainer's start-up estimate and the picker's memory column.
 
 Model states follow the ZeRO paper (Rajbhandari et al. 2020; P = parameter count): 16-bit
 weights 2P, 16-bit gradients 2P, fp32 Adam states 12P (master weights 4P + m 4P + v 4P), each
 divided by the data-parallel size N where the stage partitions it (ZeRO-1: optimizer states,
-ZeRO-2: + gradients, ZeRO-3: + weights). Where DeepSpeed 0.19 holds more than the paper
-counts, this follows DeepSpeed, as read in its source and measured on live engines
-(tests/test_memory_measured.py):
+ZeRO-2: + gradients, ZeRO-3: + weights). Where DeepSpeed 0.19 holds more, this follows it
+(its source; live engines in tests/test_memory_measured.py):
 
-* The optimizer step converts the rank's gradient partition to fp32 (4P/N) while the 16-bit
-  copy is alive; DeepSpeed's own ZeRO-2 estimator counts it too ("18 = 2 + 4 + 4 + 8").
-* ZeRO-2's gradient buffer keeps every tensor that overlaps the rank's partition whole, so a
-  rank whose partition cuts the embedding holds all of the embedding's gradient.
-* ZeRO-3 keeps a 16-bit gradient partition (`grad_partitions_flat_buffer`, 2P/N) that
-  DeepSpeed's ZeRO-3 estimator leaves out; parameters of <= 1e5 elements stay whole on every
-  rank; the largest module (GPT-2: the tied embedding) is gathered whole with its gradient
-  (DeepSpeed's "4 x largest layer").
-* fp32 training keeps 4P weights, 4P gradients and 8P Adam moments, but every ZeRO stage still
-  clones a separate fp32 master partition (4P/N); only stage 0 in fp32 (a plain torch
-  optimizer) has none.
+* The step's fp32 copy of the gradient partition (4P/N; DeepSpeed's "18 = 2 + 4 + 4 + 8").
+* ZeRO-2 keeps the gradient of every tensor overlapping the rank's partition whole.
+* ZeRO-3 keeps a 16-bit gradient partition (2P/N) its estimator leaves out; parameters of
+  <= 1e5 elements stay whole; the largest module (the tied embedding) is gathered whole with
+  its gradient (DeepSpeed's "4 x largest layer").
+* fp32 training still clones a separate fp32 master partition (4P/N) at every ZeRO stage;
+  only stage 0 in fp32 (a plain torch optimizer) has none.
 """
 
 from __future__ import annotations
@@ -98,6 +92,17 @@ class MemoryEstimate:
         included), fp32 master weights and Adam's moments; no gradients, nothing gathered."""
         keys = ("params_weights", "params_persistent", "master_weights", "adam_moments")
         return sum(self.detail.get(k, 0) for k in keys)
+
+    @property
+    def startup_bytes(self) -> int:
+        """After deepspeed.initialize (no Adam moments yet) + the build: the fp32 model, or
+        (ZeRO-3) the largest module twice: gathered, and its all-gather copy."""
+        d = self.detail
+        held = sum(d[k] for k in ("params_weights", "params_persistent", "master_weights"))
+        if self.zero_stage == 3:  # + the permanent gradient partition and reduction bucket
+            held += d["grads_reduced_alive_at_step"] + d["reduce_buckets"]
+            return held + 2 * d["params_gathered"]
+        return held + 4 * self.num_params
 
     def phase_bytes(self) -> dict[str, int]:
         """Model states alive at two moments (for checks against a live engine).
