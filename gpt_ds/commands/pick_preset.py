@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
             global_batch_size=options.global_batch_size,
             precision=options.precision,
             model_name=options.model,
+            run_args=options.run_args(),
         )
         print(json.dumps(result.to_dict(), indent=2) if options.json else format_plan(result))
         return 0

@@ -13,7 +13,8 @@ from gpt_ds.memory.hardware import (
     DEFAULT_PCIE_GBPS,
     Hardware,
 )
-from gpt_ds.model import MODEL_PRESETS, ModelShape
+from gpt_ds.memory.picker import RunArgs
+from gpt_ds.model import MODEL_PRESETS, ModelShape, pretrained_shape
 
 _MODEL = "model: a preset, or all of --n_layer/--n_head/--n_embd"
 _HARDWARE = "hardware"
@@ -55,7 +56,19 @@ class PickPresetOptions:
     precision: str = option(
         "bf16", "training precision", choices=("bf16", "fp16", "fp32"), group=_TRAINING
     )
+    init_from: str | None = option(
+        None,
+        "fine-tune these Hugging Face GPT-2 weights (a directory or hub name): the printed "
+        "command loads them; the shape comes from --model / the sizes, else from the "
+        "directory's config.json",
+        group=_TRAINING,
+    )
+    lr: float | None = option(None, "peak learning rate for the printed command", group=_TRAINING)
     json: bool = option(False, "print JSON instead of the table")
+
+    def run_args(self) -> RunArgs:
+        """The train.py flags the printed command passes through."""
+        return RunArgs(init_from=self.init_from, block_size=self.block_size, lr=self.lr)
 
     def hardware(self) -> Hardware:
         """The cluster: the options named like Hardware's fields (checked by `plan`)."""
@@ -77,6 +90,8 @@ class PickPresetOptions:
             problems.append(
                 f"--model {self.model!r} is not a preset; choose one of {', '.join(MODEL_PRESETS)}"
             )
+        if self.model is None and self.init_from and not {"n_layer", "n_embd"} & given.keys():
+            return pretrained_shape(self.init_from, self.block_size)
         if self.model is None and not {"n_layer", "n_head", "n_embd"} <= given.keys():
             problems.append("give --model PRESET, or all of --n_layer, --n_head and --n_embd")
         if problems:

@@ -270,6 +270,26 @@ def _choose(cands: list[Candidate]) -> Candidate | None:
     )
 
 
+@dataclass(frozen=True)
+class RunArgs:
+    """train.py flags the picker passes through to its command: fine-tuning's weights and lr."""
+
+    init_from: str | None = None
+    block_size: int | None = None
+    lr: float | None = None
+
+    def model_flags(self) -> list[str]:
+        """--init_from (train.py takes the shape from the weights), or nothing."""
+        if self.init_from is None:
+            return []
+        return ["--init_from", self.init_from] + (
+            ["--block_size", str(self.block_size)] if self.block_size else []
+        )
+
+    def train_flags(self) -> list[str]:
+        return ["--lr", f"{self.lr:g}"] if self.lr is not None else []
+
+
 def model_flags(shape: ModelShape, model_name: str | None) -> list[str]:
     """train.py flags that rebuild `shape`: the preset plus any field that differs from it."""
     from gpt_ds.model import MODEL_PRESETS
@@ -284,16 +304,24 @@ def model_flags(shape: ModelShape, model_name: str | None) -> list[str]:
 
 
 def launch_command(
-    c: Candidate, shape: ModelShape, model_name: str | None, hw: Hardware, precision: str
+    c: Candidate,
+    shape: ModelShape,
+    model_name: str | None,
+    hw: Hardware,
+    precision: str,
+    run_args: RunArgs | None = None,
 ) -> str:
-    """The deepspeed command line that trains candidate `c` on `hw`."""
+    """The deepspeed command line that trains candidate `c` on `hw` (`run_args`: the weights
+    to start from, which replace the model flags, and the learning rate)."""
     launcher = (
         f"deepspeed --num_gpus {hw.gpus_per_node}"
         if hw.nodes == 1
         else "deepspeed --hostfile hostfile"
     )
     parts = [launcher, "gpt_ds/train.py", "--deepspeed_config", f"ds_configs/{c.preset}"]
-    parts += model_flags(shape, model_name)
+    run_args = run_args or RunArgs()
+    parts += run_args.model_flags() or model_flags(shape, model_name)
+    parts += run_args.train_flags()
     parts += ["--precision", precision, "--micro_batch_size", str(c.micro_batch_size)]
     parts += ["--grad_accum", str(c.grad_accum)]
     if c.activation_checkpointing:
@@ -329,7 +357,8 @@ def assumptions(hw: Hardware, precision: str) -> list[str]:
         "buffers: reduce_bucket_size elements (x2 with overlap_comm) for ZeRO-1/2, x1 plus "
         "stage3_prefetch_bucket_size for ZeRO-3, taken from each preset (DeepSpeed defaults "
         "where absent); allgather_bucket_size costs nothing (DeepSpeed gathers in place)",
-        f"CPU per node: each rank builds the fp32 model (4P) before deepspeed.initialize, "
+        "CPU per node: below ZeRO-3 each rank builds the fp32 model (4P) before "
+        "deepspeed.initialize (ZeRO-3 builds it partitioned: its largest module, 4L), "
         f"{CPU_BYTES_PER_RANK / GiB:g} GiB per rank process, offloaded states and pinned "
         f"staging; fits if <= {CPU_USABLE_FRACTION:.0%} of --cpu_memory_gb"
         + ("" if hw.cpu_memory_gb is not None else " (not checked: --cpu_memory_gb not given)"),
@@ -352,6 +381,7 @@ def plan(
     precision: str,
     model_name: str | None = None,
     config_dir: Path = DS_CONFIG_DIR,
+    run_args: RunArgs | None = None,
 ) -> Plan:
     """Every candidate's memory, fit, batch split, traffic and time, and one recommendation."""
     _check_plan(shape, hardware, global_batch_size, precision)
@@ -361,7 +391,7 @@ def plan(
         for ckpt in (False, True)
     ]
     rec = _choose(cands)
-    command = launch_command(rec, shape, model_name, hardware, precision) if rec else None
+    command = launch_command(rec, shape, model_name, hardware, precision, run_args) if rec else None
     return Plan(
         shape=shape,
         model_name=model_name,
