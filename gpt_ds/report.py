@@ -93,15 +93,23 @@ def model_states(engine, estimate: MemoryEstimate) -> None:
     (when Adam's moments exist and the step's gradient buffers are released)."""
     measured = measured_model_state_bytes(engine)
     held = measured["params"] + measured["optimizer_states"]
-    one_hot = [0.0] * dist.world_size()
-    one_hot[dist.rank()] = held
-    per_rank = dist.all_reduce_sum(one_hot)
+    world = dist.world_size()
+    mine = [0.0] * (2 * world)
+    mine[dist.rank()], mine[world + dist.rank()] = held, peak_memory_gib()
+    both = dist.all_reduce_sum(mine)
+    per_rank, peaks = both[:world], both[world:]
     predicted = estimate.resident_model_state_bytes
     dist.print0(
         f"model states per rank between steps (weights + optimizer): predicted "
         f"{predicted / 2**30:.3f} GiB, measured "
         + ", ".join(f"rank {r} {b / 2**30:.3f} GiB" for r, b in enumerate(per_rank))
         + f"; predicted peak during the step {estimate.model_state_bytes / 2**30:.3f} GiB"
+    )
+    dist.print0(
+        "peak memory per rank after step 1: "
+        + ", ".join(f"rank {r} {p:.2f} GiB" for r, p in enumerate(peaks))
+        + f"; predicted {estimate.total / 2**30:.2f} GiB"
+        + (" + the process itself (CPU)" if dist.device().type == "cpu" else "")
     )
 
 

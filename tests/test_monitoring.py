@@ -100,6 +100,9 @@ def test_metrics_records_have_kind_time_and_tokens(monitored_run):
     for part in ("gnorm", "tok/s", "ms/it", "GiB", "TFLOP/s", "ETA 0s"):
         assert part in line.group(0)
     assert "MFU: not reported on CPU" in stdout
+    # measured memory beside the prediction, at start-up and after the first step
+    assert re.search(r"memory after start-up, peak per rank .*rank 1 [\d.]+ \([\d.]+\) GiB", stdout)
+    assert re.search(r"peak memory per rank after step 1: rank 0 [\d.]+ GiB, rank 1", stdout)
 
 
 @pytest.mark.slow
