@@ -14,6 +14,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_exte
 
 
 import pytest  # noqa: E402
+from helpers.compared_runs import compared_run
 from helpers.faults import Launch  # noqa: E402
 from helpers.launch import (  # noqa: E402
     REPO,
@@ -52,6 +53,14 @@ def stage_run(shakespeare_dir, tmp_path_factory):
         return runs[stage]
 
     return get
+
+
+@pytest.fixture
+def runs(shakespeare_dir, tmp_path_factory):
+    """runs(stage, **overrides) -> the out dir of a 2-rank run of that configuration, launched
+    once per session (helpers/compared_runs.py): tests comparing runs share their baselines."""
+    root = tmp_path_factory.getbasetemp() / "compared_runs"
+    return lambda stage, **o: compared_run(shakespeare_dir, root, stage, **o)[0]
 
 
 @pytest.fixture

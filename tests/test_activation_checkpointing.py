@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.compared_runs import assert_losses_close, assert_weights_close, compared_run
+from helpers.compared_runs import assert_losses_close, assert_weights_close
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt_ds.model import enable_activation_checkpointing
@@ -46,12 +46,6 @@ def test_blocks_are_recomputed_in_backward_with_the_same_gradients():
     assert loss_on == loss_off
     for a, b in zip(g_off, g_on, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
-
-
-@pytest.fixture
-def runs(shakespeare_dir, tmp_path_factory):
-    root = tmp_path_factory.getbasetemp() / "compared_runs"
-    return lambda stage, **o: compared_run(shakespeare_dir, root, stage, **o)[0]
 
 
 @pytest.mark.slow

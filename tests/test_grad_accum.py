@@ -18,7 +18,6 @@ from helpers.compared_runs import (
     ITERS,
     assert_losses_close,
     assert_weights_close,
-    compared_run,
 )
 from helpers.launch import run_deepspeed, tiny_run_args
 from helpers.runs import consolidated_model, train_losses, train_lrs, val_losses
@@ -111,12 +110,6 @@ def test_a_state_of_the_micro_batch_counting_sampler_continues_after_its_sequenc
 
 
 # ---------------------------------------------------------------------------- real runs
-@pytest.fixture
-def runs(shakespeare_dir, tmp_path_factory):
-    root = tmp_path_factory.getbasetemp() / "compared_runs"
-    return lambda stage, **o: compared_run(shakespeare_dir, root, stage, **o)[0]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_accumulation_trains_as_a_larger_micro_batch(stage, runs):
