@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpt_ds import cli
+from gpt_ds import cli, host_memory
 from gpt_ds.ds_schema import PRESETS, preset_path
 from gpt_ds.errors import ConfigError
 from gpt_ds.flag_file import load_flag_file
@@ -144,7 +144,7 @@ class RunConfig:
         "auto",
         "Give freed host memory blocks (1 MiB and up) back to the kernel at once: on, off, or "
         "auto (on for CPU ranks and models of 100M+ parameters; see gpt_ds/host_memory.py).",
-        choices=("auto", "on", "off"),
+        choices=host_memory.CHOICES,
     )
     dry_run: bool = option(
         False,

@@ -54,18 +54,19 @@ def _read(path: Path) -> dict:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError([f"cannot read it ({exc.strerror or exc})"], source=str(path)) from None
-    try:
-        if path.suffix.lower() in (".yaml", ".yml"):
-            import yaml
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
 
+        try:
             data = yaml.safe_load(text)
-        else:
+        except yaml.YAMLError as exc:  # its message names line and column
+            raise ConfigError([f"not valid YAML: {exc}"], source=str(path)) from None
+    else:
+        try:
             data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno} column {exc.colno}"
-        raise ConfigError([f"not valid JSON at {where}: {exc.msg}"], source=str(path)) from None
-    except Exception as exc:  # yaml.YAMLError: its message names line and column
-        raise ConfigError([f"not valid YAML: {exc}"], source=str(path)) from None
+        except json.JSONDecodeError as exc:
+            where = f"line {exc.lineno} column {exc.colno}"
+            raise ConfigError([f"not valid JSON at {where}: {exc.msg}"], source=str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError(
             ['must map flag names to values, e.g. {"model": "gpt2", "lr": 0.0003}'],

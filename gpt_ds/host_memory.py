@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import resource
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 RELEASE_THRESHOLD = 1 << 20  # blocks from 1 MiB up: mapped, and unmapped when freed
@@ -44,8 +43,3 @@ def release_freed_blocks() -> str:
         "host memory: blocks of 1 MiB and more go back to the kernel when freed "
         "(--release_host_memory)"
     )
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -93,11 +93,7 @@ def model_states(engine, estimate: MemoryEstimate) -> None:
     (when Adam's moments exist and the step's gradient buffers are released)."""
     measured = measured_model_state_bytes(engine)
     held = measured["params"] + measured["optimizer_states"]
-    world = dist.world_size()
-    mine = [0.0] * (2 * world)
-    mine[dist.rank()], mine[world + dist.rank()] = held, peak_memory_gib()
-    both = dist.all_reduce_sum(mine)
-    per_rank, peaks = both[:world], both[world:]
+    per_rank, peaks = zip(*dist.gather_objects((held, peak_memory_gib())), strict=True)
     predicted = estimate.resident_model_state_bytes
     dist.print0(
         f"model states per rank between steps (weights + optimizer): predicted "
@@ -113,15 +109,11 @@ def model_states(engine, estimate: MemoryEstimate) -> None:
     )
 
 
-def startup_memory(estimate: MemoryEstimate, before_gib: float) -> list[float]:
+def startup_memory(estimate: MemoryEstimate, before_gib: float) -> None:
     """Each rank's peak memory once the engine exists (GPU allocator, or RSS on CPU), and how
     much of it came with the model and engine (above `before_gib`, the rank's peak before the
-    model was built), printed next to the prediction; returns the peaks in GiB."""
-    world = dist.world_size()
-    mine = [0.0] * (2 * world)
-    mine[dist.rank()], mine[world + dist.rank()] = peak_memory_gib(), before_gib
-    both = dist.all_reduce_sum(mine)
-    peaks, before = both[:world], both[world:]
+    model was built), printed next to the prediction."""
+    peaks, before = zip(*dist.gather_objects((peak_memory_gib(), before_gib)), strict=True)
     dist.print0(
         "memory after start-up, peak per rank (of which model and engine): "
         + ", ".join(
@@ -131,7 +123,6 @@ def startup_memory(estimate: MemoryEstimate, before_gib: float) -> list[float]:
         + f"; predicted model and engine {estimate.startup_bytes / 2**30:.2f} GiB, "
         + f"{estimate.total / 2**30:.2f} GiB during the step"
     )
-    return peaks
 
 
 def print_memory_estimate(est: MemoryEstimate) -> None:

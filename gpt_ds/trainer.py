@@ -104,6 +104,16 @@ class Trainer:
         self.last_val_iter = -1  # the iteration of `last_val`
         self.tokens_seen = 0  # trained on so far, all ranks (in checkpoints and records)
 
+    @property
+    def tokens_per_iter(self) -> int:
+        """Tokens one optimizer step trains on, all ranks."""
+        return self.plan.ds.train_batch_size * self.shape.block_size
+
+    @property
+    def evaluated_now(self) -> bool:
+        """Whether `last_val` is this iteration's (a save between evaluations has none)."""
+        return self.last_val_iter == self.iteration
+
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
         try:
@@ -197,7 +207,7 @@ class Trainer:
             )
         facts = RunFacts(
             max_iters=cfg.max_iters,
-            tokens_per_iter=ds.train_batch_size * self.shape.block_size,
+            tokens_per_iter=self.tokens_per_iter,
             flops_per_token=flops_per_token(self.shape),
             world_size=dist.world_size(),
             peak_flops=peak,
@@ -236,8 +246,7 @@ class Trainer:
         self.iteration = resumed.iteration
         self.best_val, self.best_tag = resumed.best_val_loss, resumed.best_tag
         self.sampler.load_state_dict(resumed.sampler_state)
-        per_iter = self.plan.ds.train_batch_size * self.shape.block_size
-        self.tokens_seen = resumed.manifest.tokens_seen or self.iteration * per_iter
+        self.tokens_seen = resumed.manifest.tokens_seen or self.iteration * self.tokens_per_iter
         dist.print0(f"resumed from {self.cfg.out_dir}/{ref.tag} at iteration {self.iteration}")
 
     # ------------------------------------------------------------------ one iteration
@@ -260,7 +269,7 @@ class Trainer:
         mean_loss = total / dist.world_size()
         self._check_finite(it, mean_loss, self.engine.skipped_steps > skipped_before)
         self.iteration = it
-        self.tokens_seen += self.plan.ds.train_batch_size * self.shape.block_size
+        self.tokens_seen += self.tokens_per_iter
         self.window.add(mean_loss, time.perf_counter() - t0)
         if it % self.cfg.log_interval == 0 or it == self.cfg.max_iters:
             self._log_train(it)
@@ -332,7 +341,7 @@ class Trainer:
         """A save point: every --save_interval (default --eval_interval) iterations; with
         --save_only_on_improvement, the evaluations that improved on the best checkpoint."""
         if self.cfg.save_only_on_improvement:
-            return self.last_val_iter == it and self._improves()
+            return self.evaluated_now and self._improves()
         interval = self.cfg.save_interval
         return _due(it, self.cfg.eval_interval if interval is None else interval)
 
@@ -372,7 +381,7 @@ class Trainer:
         earlier checkpoint (a save between evaluations has no val loss of its own)."""
         if self.cfg.no_checkpoint:
             return
-        if self.last_val_iter == self.iteration and self._improves():
+        if self.evaluated_now and self._improves():
             self.best_val, self.best_tag = self.last_val, tag
         manifest = Manifest(
             tag=tag,
@@ -386,7 +395,7 @@ class Trainer:
             micro_batch_size=self.plan.ds.micro_batch_size,
             grad_accum=self.plan.ds.grad_accum,
             run_id=self.plan.run_id,
-            val_loss=self.last_val if self.last_val_iter == self.iteration else None,
+            val_loss=self.last_val if self.evaluated_now else None,
             best_val_loss=self.best_val,
             best_tag=self.best_tag,
             tokens=self.tokens_seen,
