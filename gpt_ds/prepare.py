@@ -8,12 +8,19 @@ Output (``out_dir``):
 Inputs:
     * no inputs: the embedded Tiny Shakespeare corpus;
     * a file: ``.jsonl``/``.ndjson`` is JSON Lines, one ``{"text": "..."}`` object per line (blank
-      lines skipped, other keys ignored, an empty text skipped); any other file is plain text,
-      one document per file;
+      lines skipped, other keys ignored, an empty text skipped; ``text_key`` names the field);
+      ``.parquet``, ``.arrow`` (Arrow IPC, file or stream format) and ``.feather`` are tables,
+      one document per row, read from the string column ``text_key`` in record batches (an
+      empty string skipped, a null refused; needs the ``data`` extra: pyarrow); any other file
+      is plain text, one document per file;
     * a folder: every file below it (recursively, symbolic links to folders not followed) whose
-      suffix, in any case, is one of ``TEXT_SUFFIXES`` or ``JSONL_SUFFIXES``; hidden files and
-      folders (name starting with ".") are skipped; files are taken in sorted relative-path
-      order. The same file reached twice is read once.
+      suffix, in any case, is one of ``INPUT_SUFFIXES``; hidden files and folders (name starting
+      with ".") are skipped; files are taken in sorted relative-path order. The same file
+      reached twice is read once. A folder of Parquet shards, or one written by a Hugging Face
+      dataset's ``save_to_disk``, is read this way too;
+    * ``hf_dataset``: a Hugging Face dataset, a ``save_to_disk`` folder (a ``DatasetDict``:
+      ``split`` picks one) or a hub name for ``datasets.load_dataset(name, split=split)``
+      where the hub is reachable; read as the Arrow files it is stored in, after ``inputs``.
     Text is UTF-8 (a leading byte-order mark is dropped); line ends are normalised to "\\n",
     as Python's text mode and nanoGPT's ``prepare.py`` do.
 
@@ -21,11 +28,13 @@ Documents and the split (deterministic: same inputs, same bytes out):
     * a plain text file is one document, split by characters as nanoGPT does:
       ``train = text[:int(n * (1 - val_fraction))]``, ``val`` = the rest; so every file gives
       ``val_fraction`` of its characters to val (Tiny Shakespeare at 0.1: 301,966 / 36,059 tokens);
-    * JSON Lines documents are held out whole: counting the documents of all JSONL inputs in
-      order from 0, document ``i`` goes to val when ``floor((i + 1) * f) > floor(i * f)``, i.e.
-      every ``1/f``-th document (at f = 0.1 the 10th, 20th, ...), so the val share of documents
-      is ``f`` to within one document. Many small documents belong in JSONL: splitting each
-      of them by characters would put the ending of every one of them in val;
+    * JSON Lines and table documents are held out whole: counting the documents of all JSONL
+      and table inputs in order from 0, document ``i`` goes to val when
+      ``floor((i + 1) * f) > floor(i * f)``, i.e. every ``1/f``-th document (at f = 0.1 the
+      10th, 20th, ...), so the val share of documents is ``f`` to within one document (the same
+      documents as JSONL or as a table give the same tokens). Many small documents belong in
+      JSONL or tables: splitting each of them by characters would put the ending of every one
+      of them in val;
     * within each split, ``<|endoftext|>`` (50256) separates consecutive documents (none before
       the first, none after the last); a text file's train and val parts are separate pieces of
       their splits. Text that spells "<|endoftext|>" is encoded as ordinary text.
@@ -38,8 +47,9 @@ end; an old ``meta.json`` is removed before the renames and the new one is renam
 folder with a ``meta.json`` always holds a complete, consistent dataset.
 
 Code: finding, reading and hashing the inputs and the split are in ``gpt_ds.prepare_inputs``;
-encoding and the split files in ``gpt_ds.prepare_encode``; the format constants in
-``gpt_ds.token_format``. This module holds the options and the job that ties them together.
+Parquet/Arrow and Hugging Face inputs in ``gpt_ds.prepare_tables``; encoding and the split
+files in ``gpt_ds.prepare_encode``; the format constants in ``gpt_ds.token_format``. This
+module holds the options and the job that ties them together.
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ from gpt_ds.prepare_inputs import (
     discover_inputs,
     read_pieces,
 )
+from gpt_ds.prepare_tables import hf_dataset_files
 from gpt_ds.processes import pid_alive
 from gpt_ds.token_format import DTYPE, FORMAT, FORMAT_VERSION
 from gpt_ds.tokenizer import (
@@ -73,8 +84,9 @@ from gpt_ds.tokenizer import (
 )
 
 SPLIT_RULE = (
-    "text file: characters [0, int(n*(1-f))) train, rest val; JSONL document i (counted over "
-    "all JSONL inputs): val if floor((i+1)*f) > floor(i*f); <|endoftext|> between documents"
+    "text file: characters [0, int(n*(1-f))) train, rest val; JSONL or table document i "
+    "(counted over all JSONL and table inputs): val if floor((i+1)*f) > floor(i*f); "
+    "<|endoftext|> between documents"
 )
 
 
@@ -84,10 +96,21 @@ class PrepareOptions:
 
     input: list[Path] | None = option(
         None,
-        "text files, .jsonl files ({'text': ...} per line) or folders of them "
-        "(default: the embedded Tiny Shakespeare)",
+        "text files, .jsonl files ({'text': ...} per line), .parquet / .arrow / .feather "
+        "tables (one document per row) or folders of them (default: the embedded Tiny "
+        "Shakespeare, unless --hf_dataset is given)",
         metavar="PATH",
     )
+    text_key: str = option(
+        "text", "the field of a JSON Lines record, or the column of a table, holding the text"
+    )
+    hf_dataset: str | None = option(
+        None,
+        "a Hugging Face dataset: a folder written by save_to_disk, or a hub name (needs the "
+        "network); read after --input. Needs pip install 'gpt_ds[data]'",
+        metavar="NAME_OR_PATH",
+    )
+    split: str = option("train", "the split of --hf_dataset to read (a DatasetDict or the hub)")
     out_dir: Path = option(Path("data/shakespeare"), "where train.bin, val.bin, meta.json go")
     val_fraction: float = option(0.1, "share held out for val")
     num_workers: int | None = option(
@@ -144,12 +167,13 @@ def _write_tokens(
     chunk_chars: int,
     workers: int,
     progress: bool,
+    text_key: str,
 ) -> list[SourceSummary]:
     """Read, encode and append every source to the writers; each source's summary, in order."""
     from tqdm import tqdm
 
     finished: list[SourceSummary] = []
-    pieces = read_pieces(sources, val_fraction, chunk_chars, finished.append)
+    pieces = read_pieces(sources, val_fraction, chunk_chars, finished.append, text_key)
     encoded = encode_in_order(batch_tasks(pieces, chunk_chars), workers)
     total_bytes = sum(s.bytes for s in sources)
     try:
@@ -195,7 +219,12 @@ def _check_counts(
 
 
 def _meta(
-    n_train: int, n_val: int, val_fraction: float, summaries: list[SourceSummary], fingerprint: str
+    n_train: int,
+    n_val: int,
+    val_fraction: float,
+    summaries: list[SourceSummary],
+    fingerprint: str,
+    text_key: str,
 ) -> dict:
     """What meta.json says: the format, the tokenizer, the counts, every source as read."""
     return {
@@ -210,6 +239,7 @@ def _meta(
         "val_tokens": n_val,
         "val_fraction": val_fraction,
         "split_rule": SPLIT_RULE,
+        "text_key": text_key,
         "documents": sum(s.documents for s in summaries),
         "sources": [s.to_meta() for s in summaries],
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -234,18 +264,26 @@ def prepare_dataset(
     progress: bool = True,
     chunk_chars: int = CHUNK_CHARS,
     block_size: int = PrepareOptions.block_size,
+    text_key: str = PrepareOptions.text_key,
+    hf_dataset: str | None = None,
+    split: str = PrepareOptions.split,
 ) -> dict:
-    """Tokenize ``inputs`` (Tiny Shakespeare when empty) into ``out_dir``; return the meta.
+    """Tokenize ``inputs`` and the ``split`` of ``hf_dataset`` (Tiny Shakespeare when neither is
+    given) into ``out_dir``; return the meta.
 
     ``num_workers``: encoding processes (None: one per CPU, capped by the input size; 0 or 1:
     encode in this process). ``min_val_tokens``: fewest val tokens accepted (default
-    ``block_size + 1``, to evaluate one window). Raises DataError naming the file or setting at
-    fault (ConfigError for a ``block_size`` below 1).
+    ``block_size + 1``, to evaluate one window). ``text_key``: the JSON Lines field / table
+    column of the text. Raises DataError naming the file or setting at fault (ConfigError for
+    a ``block_size`` below 1).
     """
     min_val_tokens = block_size + 1 if min_val_tokens is None else min_val_tokens
     _check_args(val_fraction, num_workers, min_val_tokens, block_size)
     out_dir = Path(out_dir)
-    sources = discover_inputs(inputs)
+    paths = list(inputs or [])
+    if hf_dataset is not None:
+        paths += hf_dataset_files(hf_dataset, split, text_key)
+    sources = discover_inputs(paths or None)
     fingerprint = tokenizer_fingerprint()
     get_encoding()  # fail on a broken tokenizer before forking workers
     if num_workers is None:
@@ -258,13 +296,13 @@ def prepare_dataset(
         for split in SPLITS:
             writers[split] = SplitWriter(out_dir, split)
         summaries = _write_tokens(
-            sources, writers, val_fraction, chunk_chars, num_workers, progress
+            sources, writers, val_fraction, chunk_chars, num_workers, progress, text_key
         )
         for writer in writers.values():
             writer.close()
         n_train, n_val = writers["train"].tokens, writers["val"].tokens
         _check_counts(n_train, n_val, min_val_tokens, val_fraction, sources)
-        meta = _meta(n_train, n_val, val_fraction, summaries, fingerprint)
+        meta = _meta(n_train, n_val, val_fraction, summaries, fingerprint, text_key)
         _commit(out_dir, writers, meta, meta_tmp)
         return meta
     except OSError as e:
@@ -285,4 +323,7 @@ def prepare_from_options(opts: PrepareOptions) -> dict:
         num_workers=opts.num_workers,
         progress=not opts.quiet,
         block_size=opts.block_size,
+        text_key=opts.text_key,
+        hf_dataset=opts.hf_dataset,
+        split=opts.split,
     )

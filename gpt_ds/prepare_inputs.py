@@ -3,7 +3,8 @@
 `discover_inputs` turns files and folders into `Source`s; `read_pieces` streams them as `Piece`s
 of text, each bound for one split, and reports a `SourceSummary` (SHA-256, document count) when
 a source has been read to its end. The rules (which files, how text is split, UTF-8 handling)
-are described in `gpt_ds/prepare.py`.
+are described in `gpt_ds/prepare.py`; the rows of Parquet and Arrow files are read by
+`gpt_ds.prepare_tables` and split as JSON Lines documents are.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpt_ds.errors import DataError
+from gpt_ds.prepare_tables import TABLE_SUFFIXES, require, table_documents
 from gpt_ds.tokenizer import DEFAULT_CORPUS
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+INPUT_SUFFIXES = TEXT_SUFFIXES + JSONL_SUFFIXES + TABLE_SUFFIXES
 # ~1M characters per encode call: ~0.2 s of work, large enough that the per-task overhead
 # (pickling the text and the tokens) is a small fraction.
 CHUNK_CHARS = 1 << 20
@@ -44,7 +47,7 @@ class Source:
     """One input file, as found before reading it."""
 
     path: Path
-    kind: str  # "text" or "jsonl"
+    kind: str  # "text", "jsonl" or "table" (Parquet, Arrow)
     bytes: int
 
 
@@ -83,16 +86,18 @@ class Piece(NamedTuple):
 
 
 def _kind(path: Path) -> str:
-    return "jsonl" if path.suffix.lower() in JSONL_SUFFIXES else "text"
+    suffix = path.suffix.lower()
+    if suffix in TABLE_SUFFIXES:
+        return "table"
+    return "jsonl" if suffix in JSONL_SUFFIXES else "text"
 
 
 def _folder_files(folder: Path) -> list[Path]:
-    wanted = TEXT_SUFFIXES + JSONL_SUFFIXES
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:
-            if not name.startswith(".") and Path(name).suffix.lower() in wanted:
+            if not name.startswith(".") and Path(name).suffix.lower() in INPUT_SUFFIXES:
                 found.append(Path(root) / name)
     return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
 
@@ -106,7 +111,7 @@ def _input_files(paths: list[Path]) -> list[Path]:
             if not below:
                 raise DataError(
                     f"input folder {path} holds no input files (looked recursively for "
-                    f"{', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES)}; hidden files are skipped)"
+                    f"{', '.join(INPUT_SUFFIXES)}; hidden files are skipped)"
                 )
             files.extend(below)
         elif path.exists():
@@ -135,6 +140,9 @@ def discover_inputs(inputs: Iterable[Path | str] | None) -> list[Source]:
         except OSError as e:
             raise DataError(f"cannot read input file {path}: {e.strerror or e}") from e
         sources.append(Source(path=path, kind=_kind(path), bytes=size))
+    tables = [s.path for s in sources if s.kind == "table"]
+    if tables:
+        require("pyarrow", f"reading {tables[0]}")
     return sources
 
 
@@ -272,8 +280,8 @@ def _text_pieces(
 # --------------------------------------------------------------------------- JSON Lines files
 
 
-def _jsonl_text(raw: bytes, lineno: int, where: str) -> str | None:
-    """The "text" of one line of a JSON Lines file; None for a blank line."""
+def _jsonl_text(raw: bytes, lineno: int, where: str, key: str) -> str | None:
+    """The text (field ``key``) of one line of a JSON Lines file; None for a blank line."""
     try:
         line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
     except UnicodeDecodeError as e:
@@ -285,23 +293,27 @@ def _jsonl_text(raw: bytes, lineno: int, where: str) -> str | None:
     except json.JSONDecodeError as e:
         raise DataError(
             f"{where}: invalid JSON ({e.msg} at column {e.colno}); "
-            'expected one object per line like {"text": "..."}'
+            f'expected one object per line like {{{json.dumps(key)}: "..."}}'
         ) from None
-    if not isinstance(record, dict) or "text" not in record:
-        raise DataError(f'{where}: expected an object with a "text" field')
-    text = record["text"]
+    if not isinstance(record, dict) or key not in record:
+        fields = f" (its fields: {', '.join(record)})" if isinstance(record, dict) else ""
+        raise DataError(
+            f"{where}: expected an object with a {json.dumps(key)} field{fields}; "
+            "name the field that holds the text with --text_key"
+        )
+    text = record[key]
     if not isinstance(text, str):
-        raise DataError(f'{where}: "text" must be a string, got {type(text).__name__}')
+        raise DataError(f"{where}: {json.dumps(key)} must be a string, got {type(text).__name__}")
     return text
 
 
-def _jsonl_documents(path: Path, sha256) -> Iterator[tuple[str, int]]:
+def _jsonl_documents(path: Path, key: str, sha256) -> Iterator[tuple[str, int]]:
     """``(text, line_bytes)`` for each non-empty document; every line read goes into ``sha256``."""
     try:
         with open(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 sha256.update(raw)
-                text = _jsonl_text(raw, lineno, f"{path}:{lineno}")
+                text = _jsonl_text(raw, lineno, f"{path}:{lineno}", key)
                 if text:
                     yield text, len(raw)
     except OSError as e:
@@ -312,13 +324,14 @@ def _jsonl_goes_to_val(index: int, val_fraction: float) -> bool:
     return math.floor((index + 1) * val_fraction) > math.floor(index * val_fraction)
 
 
-def _jsonl_pieces(
-    source: Source, val_fraction: float, chunk_chars: int, index: Iterator[int]
+def _document_pieces(
+    source: Source, key: str, val_fraction: float, chunk_chars: int, index: Iterator[int]
 ) -> Generator[Piece, None, SourceSummary]:
-    """One JSON Lines file, whole documents to one split; ``index`` counts over all JSONL files.
-    Returns its summary."""
+    """One JSON Lines or table file, whole documents to one split; ``index`` counts over all
+    such files. Returns its summary."""
     sha256, documents = hashlib.sha256(), 0
-    for text, nbytes in _jsonl_documents(source.path, sha256):
+    read = table_documents if source.kind == "table" else _jsonl_documents
+    for text, nbytes in read(source.path, key, sha256):
         split = "val" if _jsonl_goes_to_val(next(index), val_fraction) else "train"
         documents += 1
         for i, chunk in enumerate(iter_safe_chunks(text, chunk_chars)):
@@ -331,12 +344,16 @@ def read_pieces(
     val_fraction: float,
     chunk_chars: int,
     finished: Callable[[SourceSummary], None],
+    text_key: str = "text",
 ) -> Iterator[Piece]:
-    """All inputs as pieces, in order; ``finished(summary)`` as each source is read to its end."""
-    jsonl_index = itertools.count()
+    """All inputs as pieces, in order; ``finished(summary)`` as each source is read to its end.
+    ``text_key``: the field (JSON Lines) or column (tables) that holds each document's text."""
+    index = itertools.count()  # documents of JSONL and table inputs, counted together
     for source in sources:
         if source.kind == "text":
             summary = yield from _text_pieces(source, val_fraction, chunk_chars)
         else:
-            summary = yield from _jsonl_pieces(source, val_fraction, chunk_chars, jsonl_index)
+            summary = yield from _document_pieces(
+                source, text_key, val_fraction, chunk_chars, index
+            )
         finished(summary)

@@ -34,4 +34,6 @@ def rebuild_command(data_dir: str | Path) -> str:
         )
     if [Path(p) for p in paths] != [DEFAULT_CORPUS]:
         base += " --input " + " ".join(shlex.quote(p) for p in paths)
+    if meta.get("text_key", "text") != "text":
+        base += f" --text_key {shlex.quote(str(meta['text_key']))}"
     return f"re-create it with: {base} --val_fraction {val_fraction}"
