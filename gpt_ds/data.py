@@ -1,10 +1,11 @@
 """Token data for training and evaluation: checked memmaps, a per-rank sampler, eval windows.
 
 `train.bin`/`val.bin` are flat uint16 GPT-2 token ids (nanoGPT's format) described by
-`meta.json` (written by tools/prepare_data.py). Training windows come from a counter-based
-sampler: sequence i of a rank's stream is a pure function of (seed, rank, i), so the sampler's
-whole state is one integer (sequences drawn), a resumed run sees exactly the data an
-uninterrupted one would, and the micro-batch / accumulation split of a step does not matter.
+`meta.json` (written by tools/prepare_data.py), or a folder nanoGPT's own prepare.py wrote.
+Training windows come from a counter-based sampler: sequence i of a rank's stream is a pure
+function of (seed, rank, i), so the sampler's whole state is one integer (sequences drawn), a
+resumed run sees exactly the data an uninterrupted one would, and the micro-batch /
+accumulation split of a step does not matter.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpt_ds.dist import print0
 from gpt_ds.errors import DataError
-from gpt_ds.token_format import DTYPE, FORMAT, rebuild_command
+from gpt_ds.nanogpt_data import nanogpt_meta
+from gpt_ds.nanogpt_data import note as nanogpt_note
+from gpt_ds.token_format import DTYPE, FORMAT, INCOMPLETE_MARKER, rebuild_command
 
 SCAN_CHUNK = 1 << 24  # tokens per chunk when checking ids (32 MB of uint16)
 
@@ -34,17 +38,52 @@ def load_token_data(data_dir: str | Path, vocab_size: int, block_size: int) -> T
 
     Checks: meta.json parses and describes GPT-2 tokens of our tokenizer, each .bin has exactly
     the size meta.json promises (a truncated copy is caught), no id is beyond the vocabulary,
-    and both splits hold at least one block + 1 tokens.
+    and both splits hold at least one block + 1 tokens. A folder with no meta.json is read as
+    nanoGPT's (`gpt_ds.nanogpt_data`), unless an interrupted tools/prepare_data.py left it.
     """
+    data_dir = Path(data_dir)
+    if (data_dir / "meta.json").exists() or (data_dir / INCOMPLETE_MARKER).exists():
+        meta = _read_meta(data_dir, vocab_size)
+    else:
+        meta = nanogpt_meta(data_dir)
+        print0(nanogpt_note(data_dir))
+    splits = {}
+    for split in ("train", "val"):
+        path = data_dir / f"{split}.bin"
+        expected = int(meta.get(f"{split}_tokens", -1))
+        size = path.stat().st_size if path.exists() else -1
+        if size != expected * 2:
+            raise DataError(
+                f"{path}: {size} bytes, but meta.json says {expected} uint16 tokens "
+                f"({expected * 2} bytes): the file is truncated or from another dataset; "
+                f"{rebuild_command(data_dir)}"
+            )
+        if expected < block_size + 1:
+            raise DataError(
+                f"{path}: {expected} tokens, fewer than one block of {block_size} + 1; "
+                "use more data, a larger --val_fraction, or a smaller --block_size"
+            )
+        tokens = np.memmap(path, dtype=DTYPE, mode="r")
+        _check_ids(tokens, vocab_size, path)
+        splits[split] = tokens
+    return TokenData(train=splits["train"], val=splits["val"], meta=meta)
+
+
+def _read_meta(data_dir: Path, vocab_size: int) -> dict:
+    """meta.json, checked against this package's format and tokenizer."""
     from gpt_ds.tokenizer import tokenizer_fingerprint
 
-    data_dir = Path(data_dir)
     meta_path = data_dir / "meta.json"
+    hint = rebuild_command(data_dir)
+    if not meta_path.exists():  # the marker without meta.json: the .bin files may be mixed
+        raise DataError(
+            f"{data_dir}: an interrupted tools/prepare_data.py left it half-written (no "
+            f"meta.json; train.bin and val.bin may be from different runs); {hint}"
+        )
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise DataError(f"{meta_path}: cannot read dataset description: {exc}") from exc
-    hint = rebuild_command(data_dir)
     if meta.get("format") != FORMAT or meta.get("dtype") != DTYPE:
         raise DataError(f"{meta_path}: not a gpt_ds token dataset (format/dtype); {hint}")
     if meta.get("tokenizer") != "gpt2" or meta.get("tokenizer_sha256") != tokenizer_fingerprint():
@@ -56,25 +95,7 @@ def load_token_data(data_dir: str | Path, vocab_size: int, block_size: int) -> T
         raise DataError(
             f"{meta_path}: vocab_size {meta['vocab_size']} exceeds the model's {vocab_size}"
         )
-    splits = {}
-    for split in ("train", "val"):
-        path = data_dir / f"{split}.bin"
-        expected = int(meta.get(f"{split}_tokens", -1))
-        size = path.stat().st_size if path.exists() else -1
-        if size != expected * 2:
-            raise DataError(
-                f"{path}: {size} bytes, but meta.json says {expected} uint16 tokens "
-                f"({expected * 2} bytes): the file is truncated or from another dataset; {hint}"
-            )
-        if expected < block_size + 1:
-            raise DataError(
-                f"{path}: {expected} tokens, fewer than one block of {block_size} + 1; "
-                "use more data, a larger --val_fraction, or a smaller --block_size"
-            )
-        tokens = np.memmap(path, dtype=DTYPE, mode="r")
-        _check_ids(tokens, vocab_size, path)
-        splits[split] = tokens
-    return TokenData(train=splits["train"], val=splits["val"], meta=meta)
+    return meta
 
 
 def _check_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:

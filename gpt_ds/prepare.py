@@ -44,7 +44,9 @@ about ``CHUNK_CHARS`` characters only where the GPT-2 pre-tokeniser is known to 
 chunked encoding equals one-shot encoding, and each chunk is one ``encode_ordinary`` call in a
 process pool. Tokens stream into hidden temporary files in ``out_dir`` that are renamed at the
 end; an old ``meta.json`` is removed before the renames and the new one is renamed last, so a
-folder with a ``meta.json`` always holds a complete, consistent dataset.
+folder with a ``meta.json`` always holds a complete, consistent dataset (meanwhile
+``INCOMPLETE_MARKER`` says the folder is half-written: without it, one with no ``meta.json``
+would be read as nanoGPT's).
 
 Code: finding, reading and hashing the inputs and the split are in ``gpt_ds.prepare_inputs``;
 Parquet/Arrow and Hugging Face inputs in ``gpt_ds.prepare_tables``; encoding and the split
@@ -74,7 +76,7 @@ from gpt_ds.prepare_inputs import (
 )
 from gpt_ds.prepare_tables import hf_dataset_files
 from gpt_ds.processes import pid_alive
-from gpt_ds.token_format import DTYPE, FORMAT, FORMAT_VERSION
+from gpt_ds.token_format import DTYPE, FORMAT, FORMAT_VERSION, INCOMPLETE_MARKER
 from gpt_ds.tokenizer import (
     EOT_TOKEN,
     TOKENIZER_NAME,
@@ -247,12 +249,16 @@ def _meta(
 
 
 def _commit(out_dir: Path, writers: dict[str, SplitWriter], meta: dict, meta_tmp: Path) -> None:
-    """Put the new files in place; meta.json last, and none while the .bin files are mixed."""
-    meta_tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    """Put the new files in place; meta.json last, and none while the .bin files are mixed.
+    The marker says so meanwhile: a folder without meta.json is otherwise read as nanoGPT's."""
+    text = json.dumps(meta, indent=2) + "\n"
+    meta_tmp.write_text(text, encoding="utf-8")
+    (out_dir / INCOMPLETE_MARKER).write_text(text, encoding="utf-8")
     (out_dir / "meta.json").unlink(missing_ok=True)
     for writer in writers.values():
         os.replace(writer.tmp, writer.final)
     os.replace(meta_tmp, out_dir / "meta.json")
+    (out_dir / INCOMPLETE_MARKER).unlink()
 
 
 def prepare_dataset(

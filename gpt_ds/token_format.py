@@ -2,7 +2,9 @@
 
 `train.bin`/`val.bin` are flat arrays of GPT-2 token ids of dtype `DTYPE` with no header;
 `meta.json` names the format (`FORMAT`, `FORMAT_VERSION`) and the dtype, and records the
-inputs it was made from (`rebuild_command`).
+inputs it was made from (`rebuild_command`). While gpt_ds.prepare swaps new files in, the folder
+holds `INCOMPLETE_MARKER` (the new meta) and no meta.json: a folder left so by a crash is
+refused, not taken for one of nanoGPT's (which has no meta.json either).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 FORMAT = "gpt_ds.tokens"
 FORMAT_VERSION = 1
 DTYPE = "uint16"
+INCOMPLETE_MARKER = ".prepare_incomplete.json"
 
 
 def rebuild_command(data_dir: str | Path) -> str:
@@ -24,7 +27,10 @@ def rebuild_command(data_dir: str | Path) -> str:
     data_dir = Path(data_dir)
     base = f"python tools/prepare_data.py --out_dir {shlex.quote(str(data_dir))}"
     try:
-        meta = json.loads((data_dir / "meta.json").read_text())
+        described = data_dir / "meta.json"
+        if not described.exists():  # an interrupted commit: the new meta is in the marker
+            described = data_dir / INCOMPLETE_MARKER
+        meta = json.loads(described.read_text())
         paths = [str(s["path"]) for s in meta["sources"]]
         val_fraction = meta["val_fraction"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -69,10 +69,11 @@ def test_fix_hint_rebuilds_a_custom_dataset_from_its_own_inputs(shakespeare_dir,
         f"--input {' '.join(quoted)} --val_fraction 0.25"
     )
     assert hint in err
-    (data / "meta.json").unlink()
+    (data / "meta.json").unlink()  # without it the folder would be read as nanoGPT's
+    (data / "train.bin").unlink()
     err = train_fails(tiny_run_args(data, tmp_path / "out"))
     assert (
-        f"--data_dir {data}: missing meta.json (re-create it from its inputs (unknown here: no "
+        f"--data_dir {data}: missing train.bin (re-create it from its inputs (unknown here: no "
         f"readable meta.json) with: python tools/prepare_data.py --out_dir {data} --input "
     ) in err
 
@@ -117,7 +118,7 @@ def test_missing_data_dir(tmp_path):
     missing = tmp_path / "nowhere"
     err = train_fails(tiny_run_args(missing, tmp_path / "out"))
     assert (
-        f"--data_dir {missing}: missing train.bin, val.bin, meta.json "
+        f"--data_dir {missing}: missing train.bin, val.bin "
         f"(make it with: python tools/prepare_data.py --out_dir {missing})"
     ) in err
 

@@ -14,10 +14,17 @@ import numpy as np
 import pytest
 
 from gpt_ds import prepare_inputs as prepare
+from gpt_ds.data import load_token_data
 from gpt_ds.errors import DataError
 from gpt_ds.prepare import prepare_dataset
 from gpt_ds.prepare_inputs import iter_safe_chunks
-from gpt_ds.tokenizer import DEFAULT_CORPUS, EOT_TOKEN, get_encoding, tokenizer_fingerprint
+from gpt_ds.tokenizer import (
+    DEFAULT_CORPUS,
+    EOT_TOKEN,
+    VOCAB_SIZE,
+    get_encoding,
+    tokenizer_fingerprint,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TRICKY = (
@@ -307,6 +314,12 @@ def test_interrupted_commit_never_looks_complete(tmp_path, monkeypatch):
         run([DEFAULT_CORPUS], out, val_fraction=0.2)
     assert not (out / "meta.json").exists()  # train.bin is new, val.bin old: no meta
     assert_clean(out)
+    # not read as a nanoGPT folder (which has no meta.json either); the hint is the new run's
+    with pytest.raises(DataError, match=r"interrupted tools/prepare_data\.py left it .* 0\.2$"):
+        load_token_data(out, VOCAB_SIZE, 64)
+    monkeypatch.undo()  # a run that completes removes the marker
+    run([DEFAULT_CORPUS], out)
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
 
 
 # --------------------------------------------------------------------------- CLI
