@@ -8,7 +8,8 @@ from helpers.launch import TRAIN, run_python, tiny_run_args
 from gpt_ds.errors import ConfigError
 from gpt_ds.memory import estimate_run
 from gpt_ds.memory.constants import GiB
-from gpt_ds.memory.guard import check_fits, host_memory_bytes
+from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK
+from gpt_ds.memory.guard import CPU_ONLY_RANK_BYTES, check_fits, host_memory_bytes
 from gpt_ds.model import resolve_shape
 
 
@@ -46,8 +47,9 @@ def test_gpu_too_small_names_the_estimate_and_the_fixes():
 
 
 def test_on_cpu_every_rank_counts_against_the_host():
+    """Both ranks' model states and activations, each a CPU-only process (not a GPU rank's)."""
     est = estimate(4)
-    need = est.cpu_bytes + 2 * est.total
+    need = est.cpu_bytes - 2 * (CPU_BYTES_PER_RANK - CPU_ONLY_RANK_BYTES) + 2 * est.total
     check_fits(est, ranks_per_node=2, device_bytes=None, host_bytes=need)
     with pytest.raises(ConfigError, match=rf"is {need / GiB:.2f} GiB per node"):
         check_fits(est, ranks_per_node=2, device_bytes=None, host_bytes=need - 1)

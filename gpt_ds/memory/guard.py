@@ -8,7 +8,12 @@ import os
 
 from gpt_ds.errors import ConfigError
 from gpt_ds.memory.constants import GiB
-from gpt_ds.memory.estimate import MemoryEstimate
+from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, MemoryEstimate
+
+# One CPU-only rank's process before its model (Python, torch, DeepSpeed, transformers; no
+# CUDA libraries): 0.32-0.33 GiB measured (BENCHMARKS.md "Scale", tests/test_startup_memory.py
+# checks it stays below this). The estimate's CPU_BYTES_PER_RANK (2 GiB) is a GPU rank's.
+CPU_ONLY_RANK_BYTES = GiB // 2
 
 FIXES = (
     "a smaller --micro_batch_size (with a larger --grad_accum for the same batch) or "
@@ -30,6 +35,15 @@ def device_memory_bytes(local_rank: int) -> int | None:
     return torch.cuda.get_device_properties(local_rank).total_memory
 
 
+def host_bytes_needed(est: MemoryEstimate, ranks_per_node: int, *, on_cpu: bool) -> int:
+    """One node's RAM for the run: the estimate's CPU side, and on CPU ranks also every rank's
+    "device" part, with a CPU-only process in place of a GPU rank's (no CUDA libraries)."""
+    if not on_cpu:
+        return est.cpu_bytes
+    process_saving = (CPU_BYTES_PER_RANK - CPU_ONLY_RANK_BYTES) * ranks_per_node
+    return est.cpu_bytes - process_saving + est.total * ranks_per_node
+
+
 def check_fits(
     est: MemoryEstimate, *, ranks_per_node: int, device_bytes: int | None, host_bytes: int
 ) -> None:
@@ -44,7 +58,7 @@ def check_fits(
             f"the estimate is {est.total / GiB:.2f} GiB per GPU (activations "
             f"{est.activations / GiB:.2f} GiB), the GPU has {device_bytes / GiB:.2f} GiB"
         )
-    host_need = est.cpu_bytes + (est.total * ranks_per_node if device_bytes is None else 0)
+    host_need = host_bytes_needed(est, ranks_per_node, on_cpu=device_bytes is None)
     if host_need > host_bytes:
         where = f"{ranks_per_node} rank(s) on CPU" if device_bytes is None else "the CPU side"
         problems.append(
