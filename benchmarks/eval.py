@@ -63,9 +63,10 @@ def eval_worker(result: Path, run_args: list[str]) -> None:
 
     from gpt_ds import dist
     from gpt_ds.config import parse_args, run_settings, validate
-    from gpt_ds.data import load_token_data
     from gpt_ds.ds_config import resolve_ds_config
     from gpt_ds.ds_schema import load_ds_config, preset_path
+    from gpt_ds.init_source import InitSource
+    from gpt_ds.mixture import load_mix
     from gpt_ds.model import resolve_shape
     from gpt_ds.report import memory_estimate
     from gpt_ds.trainer import RunPlan, Trainer
@@ -75,19 +76,19 @@ def eval_worker(result: Path, run_args: list[str]) -> None:
     shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
     raw = load_ds_config(preset_path(cfg.deepspeed_config))
     ds = resolve_ds_config(raw, run_settings(cfg), source=cfg.deepspeed_config)
-    data = load_token_data(cfg.data_dir, shape.vocab_size, shape.block_size)
+    data = load_mix(cfg.data_dir, shape.vocab_size, shape.block_size)
     estimate = memory_estimate(shape, ds, False, chunked_loss=cfg.loss == "chunked")
     dist.init()
     try:
         trainer = Trainer(RunPlan(cfg=cfg, shape=shape, ds=ds, data=data, resume=None,
-                                  estimate=estimate))  # fmt: skip
+                                  init=InitSource("scratch"), estimate=estimate))  # fmt: skip
         trainer.setup()
         trainer.evaluate(0)  # warm-up
         dist.barrier()
         start = time.perf_counter()
         trainer.evaluate(1)  # timed
         seconds = time.perf_counter() - start
-        windows = cfg.eval_iters * ds.micro_batch_size
+        windows = cfg.eval_iters * ds.micro_batch_size * ds.grad_accum
         if dist.is_main():
             out = {"seconds": seconds, "tokens": windows * shape.block_size,
                    "loss": trainer.last_val, "threads": torch.get_num_threads()}  # fmt: skip

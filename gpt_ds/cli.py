@@ -4,7 +4,8 @@ Each field of an options dataclass becomes one argument; its metadata (set with 
 holds the `--help` text and, where needed, `positional`, `choices`, `const` (an optional value:
 `--resume` alone means `latest`), `group` (a titled section of `--help`) or `one_of` (a required
 choice of exactly one of several flags). Types come from the annotations: `bool` is a switch,
-`X | None` takes an X, `list[X]` takes one or more. Defaults are written once, on the field.
+`X | None` takes an X, `list[X]` takes one or more (with `repeatable`, also from repeated
+flags: `--x a --x b`). Defaults are written once, on the field.
 
 `run_tool` is the one exit-code convention of the tools: 0 done, 2 on a `GptDsError` (printed
 as `error: ...`), 130 on Ctrl-C.
@@ -48,6 +49,16 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         return super()._get_help_string(action)
 
 
+class _Repeatable(argparse.Action):
+    """Values of every use of the flag, in order. The first use replaces the default (a flag
+    file's value, `--config`) rather than adding to it, as any other flag does."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = getattr(namespace, self.dest, None)
+        kept = [] if current is None or current is self.default else list(current)
+        setattr(namespace, self.dest, kept + list(values))
+
+
 def unwrap_hint(hint: Any) -> tuple[type, bool]:
     """(element type, is a list) of an annotation such as `int | None` or `list[Path] | None`."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
@@ -76,6 +87,8 @@ def _argument(f: dataclasses.Field, hint: Any) -> tuple[list[str], dict[str, Any
         kwargs["type"] = base
         if many:
             kwargs["nargs"] = "+"
+            if meta.get("repeatable"):  # --x a --x b: both
+                kwargs["action"] = _Repeatable
         elif "const" in meta:
             kwargs.update(nargs="?", const=meta["const"])
     for key in ("choices", "metavar"):

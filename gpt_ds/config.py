@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from gpt_ds import cli, host_memory
+from gpt_ds.data_spec import DEFAULT_DATA_DIR, data_specs
 from gpt_ds.ds_schema import PRESETS, preset_path
 from gpt_ds.errors import ConfigError
 from gpt_ds.flag_file import load_flag_file
+from gpt_ds.lr_schedule import SCHEDULES
 from gpt_ds.model import MODEL_PRESETS, resolve_shape, shape_problems
 from gpt_ds.precision import PRECISIONS
 from gpt_ds.token_format import rebuild_command
@@ -50,7 +52,12 @@ class RunConfig:
     n_embd: int | None = option(None, "Override the preset's embedding width.")
     block_size: int | None = option(None, "Context length (default: the preset's).")
     dropout: float = option(0.0, "Dropout probability (0 for pre-training).")
-    init_from: str = option("scratch", "'scratch', or a Hugging Face GPT-2 directory or hub name.")
+    init_from: str = option(
+        "scratch",
+        "'scratch'; a Hugging Face GPT-2 directory or hub name; or an earlier gpt_ds run, "
+        "OUT_DIR[:TAG] (TAG: its latest if left out): a new run from those weights, at "
+        "iteration 0 with a fresh optimizer and schedule (--resume continues the same run).",
+    )
     activation_checkpointing: bool = option(
         False, "Recompute activations in backward (less memory)."
     )
@@ -76,12 +83,35 @@ class RunConfig:
         "auto", "auto (bf16 where supported, fp16 on older GPUs, else fp32), bf16, fp16 or fp32."
     )
     # --- data and output
-    data_dir: str = option("data/shakespeare", "Directory with train.bin, val.bin, meta.json.")
+    data_dir: list[str] | None = option(
+        None,
+        "Prepared data (train.bin, val.bin, meta.json); repeat for a mixture, each as "
+        "DIR[:WEIGHT] (weights: all or none; none = by train tokens). Default: "
+        f"{DEFAULT_DATA_DIR}.",
+        repeatable=True,
+    )
     out_dir: str = option("out", "Checkpoints, metrics.jsonl and logs go here.")
     # --- schedule
     max_iters: int = option(200, "Optimizer steps to train for (one = grad_accum micro-batches).")
+    max_tokens: int | None = option(
+        None, "Train on this many tokens (all ranks) instead of --max_iters steps."
+    )
+    max_epochs: float | None = option(
+        None, "Train for this many passes over the train split instead of --max_iters steps."
+    )
     lr: float | None = option(None, "Peak learning rate (default: the config's, else 6e-4).")
-    min_lr: float | None = option(None, "Final learning rate of the cosine decay (default lr/10).")
+    lr_schedule: str | None = option(
+        None,
+        "cosine, linear, constant or wsd (warmup-stable-decay), each after a linear warmup "
+        "(default: the DeepSpeed config's scheduler; gpt_ds's presets: cosine).",
+        choices=SCHEDULES,
+    )
+    min_lr: float | None = option(
+        None, "Final learning rate of the decay (default: lr/10; --lr_schedule linear: 0)."
+    )
+    wsd_decay_fraction: float = option(
+        0.2, "--lr_schedule wsd: the share of the steps at the end that decay to --min_lr."
+    )
     warmup_iters: int | None = option(
         None, "Linear warm-up steps (default min(100, max_iters/10))."
     )
@@ -100,7 +130,10 @@ class RunConfig:
         "Default: --eval_interval.",
     )
     eval_iters: int = option(
-        20, "Evaluation batches: eval_iters x micro_batch_size fixed val windows."
+        20,
+        "Evaluation batches: eval_iters x micro_batch_size x grad_accum fixed val windows "
+        "(one rank's sequences per step: the split into micro-batches leaves the set as is), "
+        "shared among the ranks.",
     )
     log_interval: int = option(10, "Log training metrics every N iterations.")
     peak_tflops: float | None = option(
@@ -127,12 +160,21 @@ class RunConfig:
     )
     resume: str | None = option(
         None,
-        "Resume from a checkpoint tag in out_dir ('--resume' alone: the latest).",
+        "Resume from a checkpoint tag in out_dir ('--resume' alone: the latest; 'best': the "
+        "best by val loss).",
         const="latest",
     )
     keep_last: int = option(0, "Keep only the newest N iter_* checkpoints (0 = keep all).")
     save_only_on_improvement: bool = option(
         False, "At eval points, save only when val loss improves."
+    )
+    early_stop_patience: int = option(
+        0,
+        "Stop after N evaluations in a row whose val loss is not below the best so far by "
+        "more than --early_stop_min_delta; saves `final` and names the best tag (0 = off).",
+    )
+    early_stop_min_delta: float = option(
+        0.0, "The val loss improvement an evaluation needs to reset --early_stop_patience."
     )
     no_checkpoint: bool = option(False, "Never write checkpoints (quick experiments).")
     allow_batch_change: bool = option(
@@ -300,6 +342,12 @@ def validate(cfg: RunConfig) -> None:
             "--save_only_on_improvement and --save_interval both given: the former saves at "
             "evaluations that improve the val loss; drop one"
         )
+    if not 0.0 < cfg.wsd_decay_fraction <= 1.0:
+        problems.append(f"--wsd_decay_fraction must be in (0, 1], got {cfg.wsd_decay_fraction}")
+    if cfg.early_stop_patience and not cfg.eval_interval:
+        problems.append(
+            "--early_stop_patience needs evaluations during the run: give --eval_interval N"
+        )
     if cfg.init_from != "scratch" and cfg.resume:
         problems.append(
             "--init_from and --resume both given: a resumed run takes its weights "
@@ -326,6 +374,8 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         "peak_tflops": (True, False),
         "keep_last": (False, True),
         "vocab_multiple": (False, False),
+        "early_stop_patience": (False, True),
+        "early_stop_min_delta": (False, True),
     }
     for name, (allow_none, allow_zero) in rules.items():
         v = getattr(cfg, name)
@@ -345,14 +395,19 @@ def _file_problems(cfg: RunConfig) -> list[str]:
             f"--deepspeed_config {cfg.deepspeed_config}: file not found "
             f"(give a path or a preset name: {', '.join(PRESETS)})"
         )
-    data = Path(cfg.data_dir)
-    make_it = f"make it with: python tools/prepare_data.py --out_dir {cfg.data_dir}"
-    fresh = not data.is_dir() or not any(data.iterdir())  # else: re-create it, same inputs
-    # no meta.json: gpt_ds.data reads the folder as nanoGPT's, or says why it cannot
-    missing = [n for n in ("train.bin", "val.bin") if not (data / n).is_file()]
-    if missing:
-        problems.append(
-            f"--data_dir {cfg.data_dir}: missing {', '.join(missing)} "
-            f"({make_it if fresh else rebuild_command(data)})"
-        )
+    try:
+        specs = data_specs(cfg.data_dir)
+    except ConfigError as exc:
+        return [*problems, *exc.problems]
+    for spec in specs:
+        data = Path(spec.path)
+        make_it = f"make it with: python tools/prepare_data.py --out_dir {spec.path}"
+        fresh = not data.is_dir() or not any(data.iterdir())  # else: re-create it, same inputs
+        # no meta.json: gpt_ds.data reads the folder as nanoGPT's, or says why it cannot
+        missing = [n for n in ("train.bin", "val.bin") if not (data / n).is_file()]
+        if missing:
+            problems.append(
+                f"--data_dir {spec.path}: missing {', '.join(missing)} "
+                f"({make_it if fresh else rebuild_command(data)})"
+            )
     return problems

@@ -16,6 +16,7 @@ import torch
 
 from gpt_ds import dist
 from gpt_ds.data import eval_windows, window_batch
+from gpt_ds.mixture import DataMix
 from gpt_ds.model import lm_loss
 
 
@@ -60,3 +61,20 @@ def evaluate(
         model.train()
     mean = total_loss / total_tokens
     return EvalResult(loss=mean, perplexity=math.exp(min(mean, 50.0)), tokens=int(total_tokens))
+
+
+@dataclass
+class MixResult:
+    loss: float  # the sources' losses, weighted by the mixture's weights
+    perplexity: float
+    by_source: dict[str, float]  # empty for a single source
+
+
+def evaluate_mix(model, mix: DataMix, block_size: int, num_windows: int, **where) -> MixResult:
+    """`evaluate` on each source's val split (`num_windows` each); `where`: evaluate's
+    micro_batch_size, device, rank and world_size. A mixture's loss weights each source as
+    training draws it, so it tracks what the run optimises."""
+    losses = [evaluate(model, s.val, block_size, num_windows, **where).loss for s in mix.sources]
+    mean = sum(w * loss for w, loss in zip(mix.weights, losses, strict=True))
+    by_source = dict(zip(mix.names, losses, strict=True)) if mix.is_mixture else {}
+    return MixResult(loss=mean, perplexity=math.exp(min(mean, 50.0)), by_source=by_source)

@@ -44,6 +44,14 @@ def format_duration(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def format_count(n: int) -> str:
+    """950, 12.3K, 4.56M, 1.20B: a token count at a glance."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return str(n)
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """What the logger needs to know of the run to derive its figures."""
@@ -54,6 +62,7 @@ class RunFacts:
     world_size: int
     peak_flops: float | None  # per device, for MFU (peak_flops.py)
     start_iter: int = 0  # where this launch started (resume), for the ETA
+    train_tokens: int | None = None  # the train split's size: epochs = tokens / train_tokens
 
 
 class MetricsLogger:
@@ -110,6 +119,8 @@ class MetricsLogger:
             "peak_mem_gib": round(peak_memory_gib(), 3),
             "tflops": round(tps * f.flops_per_token / f.world_size / 1e12, 4),
         }
+        if f.train_tokens:
+            rec["epoch"] = round(tokens / f.train_tokens, 4)
         if grad_norm is not None and math.isfinite(grad_norm):
             rec["grad_norm"] = round(grad_norm, 5)
         if loss_scale is not None:
@@ -136,6 +147,8 @@ class MetricsLogger:
             f"loss {rec['loss']:.4f}",
             f"lr {rec['lr']:.3e}",
         ]
+        if "epoch" in rec:
+            parts.append(f"{format_count(rec['tokens'])} tok, epoch {rec['epoch']:.2f}")
         if "grad_norm" in rec:
             parts.append(f"gnorm {rec['grad_norm']:.3f}")
         parts += [
@@ -159,24 +172,36 @@ class MetricsLogger:
         return len(str(self.facts.max_iters))
 
     def log_eval(
-        self, iteration: int, tokens: int, val_loss: float, train_loss: float | None, ppl: float
+        self,
+        iteration: int,
+        tokens: int,
+        val_loss: float,
+        train_loss: float | None,
+        ppl: float,
+        by_source: dict[str, float] | None = None,
     ) -> None:
+        """An evaluation; for a mixture `val_loss` is the weighted mean of `by_source`'s,
+        each also recorded as `val_loss/<source>` (and monitored as `val/loss/<source>`)."""
         rec = {
             "iter": iteration,
             "tokens": tokens,
             "val_loss": val_loss,
             "val_ppl": round(ppl, 3),
         }
+        sources = {f"val_loss/{name}": loss for name, loss in (by_source or {}).items()}
+        rec.update(sources)
         if train_loss is not None and math.isfinite(train_loss):
             rec["train_loss"] = train_loss
         if self.enabled:
+            each = "".join(f" | {name} {loss:.4f}" for name, loss in (by_source or {}).items())
             print(
                 f"{time.strftime('%Y-%m-%d %H:%M:%S')} eval {iteration:>{self._width}}/"
-                f"{self.facts.max_iters} | val loss {val_loss:.4f} | val ppl {ppl:.2f}",
+                f"{self.facts.max_iters} | val loss {val_loss:.4f} | val ppl {ppl:.2f}{each}",
                 flush=True,
             )
             self.write("eval", rec)
-            self._monitor(iteration, _EVAL_TAGS, rec)
+            tags = {**_EVAL_TAGS, **{key: key.replace("val_loss/", "val/loss/") for key in sources}}
+            self._monitor(iteration, tags, rec)
 
     def event(self, record: dict) -> None:
         """Any other record (start, checkpoint, stop) for the jsonl timeline."""
@@ -199,6 +224,7 @@ _TRAIN_TAGS = {
     "mfu": "train/mfu",
     "peak_mem_gib": "train/memory_gib",
     "loss_scale": "train/loss_scale",
+    "epoch": "train/epoch",
 }
 _EVAL_TAGS = {"val_loss": "val/loss", "val_ppl": "val/perplexity"}
 

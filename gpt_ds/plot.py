@@ -32,6 +32,8 @@ from gpt_ds.errors import GptDsError
 from gpt_ds.metrics import read_metrics, record_kind
 
 INSTALL_HINT = "pip install 'gpt_ds[plot]'"
+SOURCE_PREFIX = "val_loss/"  # a mixture's per-source val loss in metrics.jsonl (metrics.py)
+SOURCE_MARKERS = ("s", "^", "v", "D", "P", "X", "*", "<", ">")  # one per source, in order
 
 
 @dataclass
@@ -47,6 +49,8 @@ class RunSeries:
     eval_iters: list[int] = field(default_factory=list)
     eval_tokens: list[float] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
+    val_by_source: dict[str, list[float]] = field(default_factory=dict)
+    """A mixture's val loss of each source (`val_loss/<name>`), at eval_iters."""
 
 
 @dataclass
@@ -191,7 +195,17 @@ def load_run(out_dir: str | Path, label: str | None = None) -> RunSeries:
         eval_iters=[int(r["iter"]) for r in evals],
         eval_tokens=[float(r["tokens"]) for r in evals],
         val_loss=[float(r["val_loss"]) for r in evals],
+        val_by_source=_by_source(evals),
     )
+
+
+def _by_source(evals: list[dict]) -> dict[str, list[float]]:
+    """{source: its val loss at each evaluation} of a mixture run (NaN where one is absent)."""
+    names = dict.fromkeys(k for r in evals for k in r if k.startswith(SOURCE_PREFIX))
+    return {
+        name.removeprefix(SOURCE_PREFIX): [float(r.get(name, math.nan)) for r in evals]
+        for name in names
+    }
 
 
 def load_runs(out_dirs: list[str | Path], labels: list[str] | None = None) -> list[RunSeries]:
@@ -259,6 +273,9 @@ def _draw_losses(ax, run: RunSeries, xs: list, val_xs: list, color: str, window:
     if run.val_loss:
         style = {"ls": "--", "marker": "o", "ms": 4, "lw": 1.2}
         ax.plot(val_xs, run.val_loss, color=color, gid=f"{run.label}/val", **style)
+    for (name, losses), marker in zip(run.val_by_source.items(), SOURCE_MARKERS, strict=False):
+        style = {"ls": ":", "marker": marker, "ms": 4, "lw": 1.0, "alpha": 0.8}
+        ax.plot(val_xs, losses, color=color, gid=f"{run.label}/val/{name}", **style)
 
 
 def _decorate(fig, axes: tuple, runs: list[RunSeries], window: int, log_y: bool) -> None:
@@ -270,6 +287,11 @@ def _decorate(fig, axes: tuple, runs: list[RunSeries], window: int, log_y: bool)
     styles = [
         Line2D([], [], color="0.35", lw=1.6, label=train_name),
         Line2D([], [], color="0.35", ls="--", marker="o", ms=4, label="val"),
+    ]
+    sources = dict.fromkeys(name for run in runs for name in run.val_by_source)
+    styles += [
+        Line2D([], [], color="0.35", ls=":", marker=marker, ms=4, label=f"val: {name}")
+        for name, marker in zip(sources, SOURCE_MARKERS, strict=False)
     ]
     run_lines = by_iter.get_legend_handles_labels()[0] if len(runs) > 1 else []
     by_iter.legend(handles=run_lines + styles, fontsize="small")

@@ -39,9 +39,11 @@ def run_summary(model_name: str, shape: ModelShape, resolved: ResolvedDsConfig, 
         dist.print0(note)
     tokens = resolved.train_batch_size * shape.block_size
     dist.print0(
-        f"tokens per iteration: {tokens:,}; data: {len(data.train):,} train / "
-        f"{len(data.val):,} val tokens"
+        f"tokens per iteration: {tokens:,}; data: {data.train_tokens:,} train / "
+        f"{data.val_tokens:,} val tokens"
     )
+    if data.is_mixture:
+        dist.print0(f"data mixture: {data.describe()}")
 
 
 def memory_estimate(

@@ -8,6 +8,7 @@ checked before any model exists, identically on every rank) -> process group ->
 """
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -33,6 +34,7 @@ from gpt_ds.checkpoint import (
     MANIFEST,
     CheckpointRef,
     check_model,
+    check_same_data,
     complete_tags,
     damaged_files,
     needs_universal,
@@ -41,20 +43,22 @@ from gpt_ds.checkpoint import (
 )
 from gpt_ds.checkpoint.batch import Batch, check_batch
 from gpt_ds.config import RunConfig, parse_args, run_settings, validate
-from gpt_ds.data import load_token_data
 from gpt_ds.ds_config import resolve_ds_config
 from gpt_ds.ds_schema import load_ds_config, preset_path
-from gpt_ds.errors import CheckpointError, GptDsError
+from gpt_ds.errors import CheckpointError, ConfigError, GptDsError
+from gpt_ds.init_source import InitSource, init_shape, resolve_init
+from gpt_ds.lr_schedule import with_schedule
 from gpt_ds.memory.guard import check_fits, device_memory_bytes, host_memory_bytes
+from gpt_ds.mixture import load_mix
 from gpt_ds.model import (
     ModelShape,
     checkpoint_vocab,
     padded_vocab,
-    pretrained_shape,
     resolve_shape,
 )
 from gpt_ds.monitoring import with_monitor_flags
 from gpt_ds.report import memory_estimate
+from gpt_ds.run_length import budget_problems, has_budget, with_budget
 from gpt_ds.run_lock import RunLock
 from gpt_ds.trainer import RunPlan, Trainer
 
@@ -93,14 +97,16 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     """Validate and resolve everything the run needs; raises a GptDsError naming what is wrong.
     `damaged` names checkpoint tags found damaged, which `--resume` must not use."""
     validate(cfg)
-    shape = model_shape(cfg)
+    if problems := budget_problems(cfg):
+        raise ConfigError(problems, source="command line")
+    init = resolve_init(cfg.init_from, cfg.out_dir)
+    shape = model_shape(cfg, init)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     resume = resume_checkpoint(cfg, damaged)
     if resume is not None:  # the run keeps the checkpoint's model, vocabulary padding included
         shape = checkpoint_vocab(shape, resume.manifest.model)
         check_model(resume, asdict(shape))
     universal = resume is not None and needs_universal(resume.manifest, world)
-    settings = run_settings(cfg, world, load_universal=universal, hidden_size=shape.n_embd)
     raw = with_monitor_flags(
         load_ds_config(preset_path(cfg.deepspeed_config)),
         cfg.out_dir,
@@ -109,13 +115,25 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
         wandb_project=cfg.wandb_project,
         run_name=cfg.run_name,
     )
-    ds = resolve_ds_config(raw, settings, source=cfg.deepspeed_config)
-    monitoring.check(ds.config)
+    raw = with_schedule(raw, cfg.lr_schedule)
+    settings = functools.partial(
+        run_settings, world_size=world, load_universal=universal, hidden_size=shape.n_embd
+    )
+    # a budget in tokens or epochs needs the batch first: resolved once for it, with room
+    probe = dataclasses.replace(cfg, max_iters=10**9) if has_budget(cfg) else cfg
+    ds = resolve_ds_config(raw, settings(probe), source=cfg.deepspeed_config)
     if resume is not None:
         now = Batch(world, ds.micro_batch_size, ds.grad_accum, shape.block_size)
         for line in check_batch(resume.manifest, now, cfg.allow_batch_change):
             dist.print0(line)
-    data = load_token_data(cfg.data_dir, shape.tokens, shape.block_size)
+    data = load_mix(cfg.data_dir, shape.tokens, shape.block_size)
+    if has_budget(cfg):
+        cfg, line = with_budget(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
+        dist.print0(line)
+        ds = resolve_ds_config(raw, settings(cfg), source=cfg.deepspeed_config)
+    monitoring.check(ds.config)
+    if resume is not None:
+        check_same_data(resume, data.identity())
     check_writable(Path(cfg.out_dir))
     estimate = memory_estimate(
         shape, ds, cfg.activation_checkpointing, chunked_loss=cfg.loss == "chunked"
@@ -127,15 +145,18 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
             device_bytes=device_memory_bytes(dist.local_rank()),
             host_bytes=host_memory_bytes(),
         )
-    return RunPlan(cfg=cfg, shape=shape, ds=ds, data=data, resume=resume, estimate=estimate)
+    return RunPlan(
+        cfg=cfg, shape=shape, ds=ds, data=data, resume=resume, init=init, estimate=estimate
+    )
 
 
-def model_shape(cfg: RunConfig) -> ModelShape:
-    """The shape the run trains: a preset with overrides, or that of `--init_from` weights."""
-    if cfg.init_from == "scratch":
+def model_shape(cfg: RunConfig, init: InitSource) -> ModelShape:
+    """The shape the run trains: a preset with overrides, or that of its `--init_from`
+    weights (Hugging Face GPT-2, or an earlier run's checkpoint)."""
+    if init.is_scratch:
         shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
         return padded_vocab(shape, cfg.vocab_multiple)
-    return pretrained_shape(cfg.init_from, cfg.block_size)
+    return init_shape(init, cfg.block_size)
 
 
 def claim_out_dir(plan: RunPlan) -> tuple[RunLock | None, RunPlan]:

@@ -23,26 +23,20 @@ from gpt_ds.checkpoint import (
     latest_tag,
     needs_universal,
 )
-from gpt_ds.compile_model import compile_engine
 from gpt_ds.config import RunConfig
-from gpt_ds.data import TokenData, TrainSampler
+from gpt_ds.data import TrainSampler
 from gpt_ds.ds_config import ResolvedDsConfig
+from gpt_ds.early_stop import EarlyStop
+from gpt_ds.engine_build import build_engine
 from gpt_ds.errors import GptDsError
-from gpt_ds.evaluation import evaluate
+from gpt_ds.evaluation import evaluate_mix
 from gpt_ds.host_memory import release_freed_blocks, wants_release
+from gpt_ds.init_source import InitSource
 from gpt_ds.memory import MemoryEstimate
 from gpt_ds.metrics import MetricsLogger, RunFacts, peak_memory_gib, rewind
-from gpt_ds.model import (
-    ModelShape,
-    build_model,
-    count_params,
-    enable_activation_checkpointing,
-    flops_per_token,
-    lm_loss,
-    param_groups,
-    shape_of,
-)
-from gpt_ds.monitoring import EngineMonitor, describe, prepare_wandb
+from gpt_ds.mixture import DataMix, MixtureSampler
+from gpt_ds.model import ModelShape, flops_per_token, lm_loss
+from gpt_ds.monitoring import EngineMonitor, describe
 from gpt_ds.peak_flops import resolve_peak
 from gpt_ds.stop import StopRequest
 
@@ -54,8 +48,9 @@ class RunPlan:
     cfg: RunConfig
     shape: ModelShape
     ds: ResolvedDsConfig
-    data: TokenData
+    data: DataMix
     resume: CheckpointRef | None  # the checked checkpoint to continue from, if any
+    init: InitSource  # the first weights of a run that does not resume (--init_from)
     estimate: MemoryEstimate  # predicted per-rank memory, checked against the machine
     run_id: str = ""  # this launch, in every metrics record and checkpoint (run_lock.py)
 
@@ -103,6 +98,8 @@ class Trainer:
         self.monitor: EngineMonitor | None = None
         self.last_val_iter = -1  # the iteration of `last_val`
         self.tokens_seen = 0  # trained on so far, all ranks (in checkpoints and records)
+        self.early_stop = EarlyStop(plan.cfg.early_stop_patience, plan.cfg.early_stop_min_delta)
+        self.stop_early = False  # the latest evaluation ends the run (--early_stop_patience)
 
     @property
     def tokens_per_iter(self) -> int:
@@ -141,6 +138,8 @@ class Trainer:
                 "config": self.cfg.to_dict(),
             }
         )
+        if self.iteration == 0 and not self.plan.init.is_scratch:
+            self.evaluate(0)  # where the given weights start: the baseline of a fine-tune
         self.engine.train()
         first = self.iteration + 1
         for it in range(first, self.cfg.max_iters + 1):
@@ -170,7 +169,8 @@ class Trainer:
         """Model -> engine -> start-up report -> data sampler -> resume."""
         cfg, ds = self.cfg, self.plan.ds
         report.rank_banner()
-        name = cfg.model_preset if cfg.init_from == "scratch" else cfg.init_from
+        init = self.plan.init
+        name = cfg.model_preset if init.is_scratch else init.describe()
         report.run_summary(name, self.shape, ds, self.plan.data)
         resume = self.plan.resume
         if resume is not None and needs_universal(resume.manifest, dist.world_size()):
@@ -178,14 +178,15 @@ class Trainer:
         if wants_release(cfg.release_host_memory, dist.device().type, self.shape.num_params()):
             dist.print0(release_freed_blocks())  # every rank: before the model exists
         before = peak_memory_gib()  # the process itself: interpreter, imports, data
-        self.engine = self._build_engine()
+        self.engine = build_engine(cfg, self.shape, ds, self.plan.init)
         self.estimate = self.plan.estimate
         report.print_memory_estimate(self.estimate)
         report.startup_memory(self.estimate, before)
         self.comm_seconds = report.communication_plan(self.shape, ds)
         torch.manual_seed(cfg.seed + 1000 * dist.rank())  # per-rank dropout streams
-        self.sampler = TrainSampler(
-            self.plan.data.train, self.shape.block_size, ds.micro_batch_size, cfg.seed, dist.rank()
+        sampler = MixtureSampler if self.plan.data.is_mixture else _one_source_sampler
+        self.sampler = sampler(
+            self.plan.data, self.shape.block_size, ds.micro_batch_size, cfg.seed, dist.rank()
         )
         if resume is not None:
             self._resume(resume)
@@ -212,40 +213,18 @@ class Trainer:
             world_size=dist.world_size(),
             peak_flops=peak,
             start_iter=self.iteration,
+            train_tokens=self.plan.data.train_tokens,
         )
         return MetricsLogger(
             cfg.out_dir, dist.is_main(), facts, run_id=self.plan.run_id, monitor=self.monitor
         )
-
-    def _build_engine(self):
-        import deepspeed
-
-        cfg, ds = self.cfg, self.plan.ds
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        model = build_model(
-            self.shape,
-            cfg.dropout,
-            cfg.init_from,
-            chunked_loss=cfg.loss == "chunked",
-            zero3_config=ds.config if ds.zero_stage == 3 else None,  # built partitioned
-        )
-        if cfg.activation_checkpointing:
-            enable_activation_checkpointing(model)
-        assert shape_of(model).num_params() == count_params(model)
-        prepare_wandb(ds.config, cfg.out_dir, cfg.run_name)
-        weight_decay = ds.config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
-        engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=param_groups(model, weight_decay), config=ds.config
-        )
-        if cfg.compile:
-            dist.print0(compile_engine(engine, dist.device().type))
-        return engine
 
     def _resume(self, ref: CheckpointRef) -> None:
         resumed = self.checkpointer.load(self.engine, ref)
         self.iteration = resumed.iteration
         self.best_val, self.best_tag = resumed.best_val_loss, resumed.best_tag
         self.sampler.load_state_dict(resumed.sampler_state)
+        self.early_stop.load_state_dict(resumed.manifest.early_stop)
         self.tokens_seen = resumed.manifest.tokens_seen or self.iteration * self.tokens_per_iter
         dist.print0(f"resumed from {self.cfg.out_dir}/{ref.tag} at iteration {self.iteration}")
 
@@ -325,6 +304,9 @@ class Trainer:
             return False
         if _due(it, self.cfg.eval_interval):
             self.evaluate(it)
+            if self.stop_early:
+                self._stop_early(it)
+                return True
         saved = False
         if self._save_due(it):
             self.save(f"iter_{it}")
@@ -336,6 +318,16 @@ class Trainer:
             self.save(f"iter_{it}")
         dist.print0(f"stopped at iteration {it}; resume with --resume (tag iter_{it})")
         return True
+
+    def _stop_early(self, it: int) -> None:
+        """The run ends here: `final` saved, the best checkpoint named."""
+        self.metrics.event({"event": "early_stop", "iter": it, "message": self.early_stop.reason()})
+        self.save("final")
+        best = f"{self.cfg.out_dir}/{self.best_tag}" if self.best_tag else "none saved"
+        dist.print0(
+            f"stopped early at iteration {it}; best checkpoint: {best} (val loss "
+            f"{self.best_val}); export it with gpt-ds-export {self.cfg.out_dir} --tag best"
+        )
 
     def _save_due(self, it: int) -> bool:
         """A save point: every --save_interval (default --eval_interval) iterations; with
@@ -361,20 +353,22 @@ class Trainer:
     def evaluate(self, it: int) -> None:
         """Validation loss at iteration `it`, logged; the next save at `it` carries it."""
         ds = self.plan.ds
-        res = evaluate(
+        res = evaluate_mix(
             self.engine,
-            self.plan.data.val,
+            self.plan.data,
             self.shape.block_size,
-            self.cfg.eval_iters * ds.micro_batch_size,
-            ds.micro_batch_size,
-            dist.device(),
-            dist.rank(),
-            dist.world_size(),
+            self.cfg.eval_iters * ds.micro_batch_size * ds.grad_accum,
+            micro_batch_size=ds.micro_batch_size,
+            device=dist.device(),
+            rank=dist.rank(),
+            world_size=dist.world_size(),
         )
+        train_loss = self.window.take_eval_mean()
         self.metrics.log_eval(
-            it, self.tokens_seen, res.loss, self.window.take_eval_mean(), res.perplexity
+            it, self.tokens_seen, res.loss, train_loss, res.perplexity, res.by_source
         )
         self.last_val, self.last_val_iter = res.loss, it
+        self.stop_early = self.early_stop.observe(res.loss, it)
 
     def save(self, tag: str) -> None:
         """Checkpoint `tag`; it becomes the best tag when evaluated here and better than any
@@ -399,11 +393,17 @@ class Trainer:
             best_val_loss=self.best_val,
             best_tag=self.best_tag,
             tokens=self.tokens_seen,
+            data=self.plan.data.identity(),
+            early_stop=self.early_stop.state_dict(),
         )
         path = self.checkpointer.save(self.engine, self.sampler, manifest)
         self.metrics.event(
             {"event": "checkpoint", "iter": self.iteration, "tag": tag, "message": f"saved {path}"}
         )
+
+
+def _one_source_sampler(data: DataMix, *args) -> TrainSampler:
+    return TrainSampler(data.sources[0].train, *args)
 
 
 def _as_float(value) -> float | None:

@@ -170,7 +170,8 @@ def test_resume_with_a_different_model_size(checkpointed, shakespeare_dir, tmp_p
     err = train_fails(args)
     assert (
         f"error: {run}/final: checkpoint is of a different model (n_layer: checkpoint 2 vs "
-        "run 3); resume with the same --model/--n_layer/--n_head/--n_embd/--block_size"
+        "run 3); resume with the same --model/--n_layer/--n_head/--n_embd/--block_size, or "
+        f"start a new run from its weights: --init_from {run}:final --out_dir NEW_DIR"
     ) in err
 
 

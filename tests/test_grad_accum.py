@@ -31,8 +31,8 @@ from gpt_ds.metrics import read_metrics
 BLOCK = 16
 # token i is i: a window's first token is its start offset
 TOKENS = np.arange(20_000, dtype=np.uint16)
-# the evaluation set is eval_iters x micro_batch_size windows: 16 in both
-SPLIT = {"micro_batch_size": 2, "grad_accum": 4, "eval_iters": 8}
+# the evaluation set is eval_iters x micro_batch_size x grad_accum windows: 16 in both
+SPLIT = {"micro_batch_size": 2, "grad_accum": 4, "eval_iters": 2}
 WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}
 
 

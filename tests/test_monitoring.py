@@ -86,7 +86,7 @@ def _records(out: Path, kind: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_metrics_records_have_kind_time_and_tokens(monitored_run):
+def test_metrics_records_have_kind_time_and_tokens(monitored_run, shakespeare_dir):
     _, out, stdout = monitored_run
     train, evals = _records(out, "train"), _records(out, "eval")
     assert [r["iter"] for r in train] == [1, 2, 3, 4, 5, 6]
@@ -97,8 +97,10 @@ def test_metrics_records_have_kind_time_and_tokens(monitored_run):
     assert all(r["kind"] == "event" for r in read_metrics(out) if "event" in r)
     line = re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d iter 6/6 \| loss .*$", stdout, re.M)
     assert line, stdout[-3000:]
-    for part in ("gnorm", "tok/s", "ms/it", "GiB", "TFLOP/s", "ETA 0s"):
+    for part in ("gnorm", "tok/s", "ms/it", "GiB", "TFLOP/s", "ETA 0s", "3.07K tok, epoch"):
         assert part in line.group(0)
+    train_tokens = json.loads((shakespeare_dir / "meta.json").read_text())["train_tokens"]
+    assert all(r["epoch"] == round(r["tokens"] / train_tokens, 4) for r in train)
     assert "MFU: not reported on CPU" in stdout
     # measured memory beside the prediction, at start-up and after the first step
     assert re.search(r"memory after start-up, peak per rank .*rank 1 [\d.]+ \([\d.]+\) GiB", stdout)
@@ -132,6 +134,7 @@ def test_tensorboard_holds_the_metrics_at_their_steps(monitored_run):
         ("grad_norm", "train/grad_norm"),
         ("tokens_per_sec", "train/tokens_per_sec"),
         ("peak_mem_gib", "train/memory_gib"),
+        ("epoch", "train/epoch"),
     ]:
         assert scalars[tag] == pytest.approx({r["iter"]: r[key] for r in train}, rel=1e-6), tag
     assert scalars["val/loss"] == pytest.approx({r["iter"]: r["val_loss"] for r in evals})

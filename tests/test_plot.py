@@ -210,6 +210,25 @@ def test_records_of_the_newer_format_use_their_kind_and_tokens(tmp_path):
     assert run.val_loss == [2.5]
 
 
+def test_a_mixtures_sources_get_their_own_val_curves(tmp_path):
+    """val_loss/<source> records (metrics.py, a --data_dir mixture) become one curve each."""
+    rows = [
+        {"kind": "event", "event": "start", "iter": 0, "world_size": 2, "config": START_CONFIG},
+        *({"kind": "train", "iter": i, "loss": 5.0 - i, "tokens": 100 * i} for i in (1, 2, 3, 4)),
+        *(
+            {"kind": "eval", "iter": i, "tokens": 100 * i, "val_loss": 3.0 / i,
+             "val_loss/web": 2.0 / i, "val_loss/books": 6.0 / i}
+            for i in (2, 4)
+        ),
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = plot.load_run(tmp_path, "mix")
+    assert run.val_by_source == {"web": [1.0, 0.5], "books": [3.0, 1.5]}
+    drawn = lines(plot.draw([run]))
+    np.testing.assert_array_equal(drawn[0, "mix/val/books"], [[2, 3.0], [4, 1.5]])
+    np.testing.assert_array_equal(drawn[1, "mix/val/web"], [[200, 1.0], [400, 0.5]])
+
+
 def test_smooth_is_the_trailing_mean():
     values = [4.0, 2.0, 6.0, 0.0, 8.0]
     assert plot.smooth(values, 2) == [4.0, 3.0, 4.0, 3.0, 4.0]

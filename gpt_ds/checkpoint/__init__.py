@@ -7,7 +7,13 @@
 - universal.py: conversion to DeepSpeed's universal format, for another world size.
 """
 
-from gpt_ds.checkpoint.checkpointer import Checkpointer, Resumed, check_model, damaged_files
+from gpt_ds.checkpoint.checkpointer import (
+    Checkpointer,
+    Resumed,
+    check_model,
+    check_same_data,
+    damaged_files,
+)
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest
 from gpt_ds.checkpoint.tags import (
     LATEST,
@@ -28,6 +34,7 @@ __all__ = [
     "Manifest",
     "Resumed",
     "check_model",
+    "check_same_data",
     "complete_tags",
     "convert_on_rank0",
     "convert_to_universal",

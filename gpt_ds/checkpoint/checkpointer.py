@@ -145,8 +145,29 @@ def check_model(ref: CheckpointRef, model_shape: dict) -> None:
         detail = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
         raise CheckpointError(
             f"{ref.tag_dir}: checkpoint is of a different model ({detail}); "
-            "resume with the same --model/--n_layer/--n_head/--n_embd/--block_size"
+            "resume with the same --model/--n_layer/--n_head/--n_embd/--block_size, or start a "
+            f"new run from its weights: --init_from {ref.out_dir}:{ref.tag} --out_dir NEW_DIR"
         )
+
+
+def check_same_data(ref: CheckpointRef, identity: dict[str, Any]) -> None:
+    """A CheckpointError when `--resume` names a checkpoint trained on other data (`identity`:
+    mixture.DataMix.identity, split sizes and input checksums, so moving a folder changes
+    nothing; a mixture's names and weights too): resuming
+    continues the same run (its sampler positions index that data); new data is a new run."""
+    saved = ref.manifest.data
+    if saved is None or saved == identity:  # saved before checkpoints recorded their data
+        return
+    detail = ", ".join(
+        f"{k}: checkpoint {saved.get(k)} vs --data_dir {identity.get(k)}"
+        for k in ("train_tokens", "val_tokens")
+        if saved.get(k) != identity.get(k)
+    )
+    raise CheckpointError(
+        f"{ref.tag_dir}: checkpoint was trained on other data ({detail or 'other sources'}); "
+        "--resume continues a run on its own data. To train these weights on new data start "
+        f"a new run: --init_from {ref.out_dir}:{ref.tag} --out_dir NEW_DIR"
+    )
 
 
 def damaged_files(ref: CheckpointRef) -> list[str]:

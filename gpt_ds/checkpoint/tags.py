@@ -19,6 +19,7 @@ from gpt_ds.errors import CheckpointError
 
 LATEST = "latest"
 PARTIAL = ".partial"
+BEST = "best"  # a tag request meaning the run's best checkpoint (Manifest.best_tag)
 ITER_TAG = re.compile(r"^iter_(\d+)$")
 
 
@@ -141,6 +142,18 @@ def _check_tag(
     return CheckpointRef(out_dir=out_dir, tag=tag, manifest=manifest)
 
 
+def _best_tag(out_dir: Path, flag: str) -> str:
+    """The tag `best` stands for: the best checkpoint the newest complete one records."""
+    tags = complete_tags(out_dir)
+    manifest = Manifest.read(out_dir / tags[-1]) if tags else None
+    if manifest is None or not manifest.best_tag:
+        raise CheckpointError(
+            f"{flag} {BEST}: {out_dir} records no best checkpoint (none saved at an evaluation "
+            f"that improved the val loss); name a tag ({_listing(out_dir)})"
+        )
+    return manifest.best_tag
+
+
 def _split_tag_dir(path: Path, tag: str | None) -> tuple[Path, str | None]:
     """(out dir, tag) for a path that may be a tag directory itself."""
     if (path / MANIFEST).is_file() and not (path / LATEST).is_file():
@@ -173,6 +186,8 @@ def resolve(
         what = "is not a directory" if path.exists() else "does not exist"
         raise CheckpointError(f"checkpoint directory {path} {what}")
     out_dir, tag = _split_tag_dir(path, tag)
+    if tag == BEST and not (out_dir / BEST).is_dir():
+        tag = _best_tag(out_dir, flag)
     if tag is not None:
         return _check_tag(out_dir, tag, flag, verify, damaged)
     named = latest_tag(out_dir)

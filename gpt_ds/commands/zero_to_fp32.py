@@ -2,6 +2,7 @@
 
     gpt-ds-export out/ --output export/            # the tag `latest` names -> HF
     gpt-ds-export out/ --tag iter_200 --output export/ --dtype bf16
+    gpt-ds-export out/ --tag best --output export/     # the checkpoint of the best val loss
     gpt-ds-export out/ --output sd/ --format safetensors
 
 (`python tools/zero_to_fp32.py ...` in a checkout is the same command.)
@@ -31,7 +32,9 @@ class ExportOptions:
         help="training --out_dir (or one tag directory in it)", positional=True
     )
     output: Path = option(help="directory to create")
-    tag: str | None = option(None, "checkpoint tag (default: the one `latest` names)")
+    tag: str | None = option(
+        None, "checkpoint tag, or 'best': the best by val loss (default: the one `latest` names)"
+    )
     format: str = option("hf", "what to write", choices=FORMATS)
     dtype: str = option("fp32", "weights' dtype", choices=tuple(DTYPES))
     max_shard_size: str = option(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from gpt_ds.cli import option
 from gpt_ds.errors import ConfigError
+from gpt_ds.init_source import init_shape, resolve_init
 from gpt_ds.memory.hardware import (
     DEFAULT_INTRA_NODE_GBPS,
     DEFAULT_NETWORK_GBPS,
@@ -14,7 +15,7 @@ from gpt_ds.memory.hardware import (
     Hardware,
 )
 from gpt_ds.memory.picker import RunArgs
-from gpt_ds.model import MODEL_PRESETS, ModelShape, pretrained_shape
+from gpt_ds.model import MODEL_PRESETS, ModelShape
 
 _MODEL = "model: a preset, or all of --n_layer/--n_head/--n_embd"
 _HARDWARE = "hardware"
@@ -58,9 +59,9 @@ class PickPresetOptions:
     )
     init_from: str | None = option(
         None,
-        "fine-tune these Hugging Face GPT-2 weights (a directory or hub name): the printed "
-        "command loads them; the shape comes from --model / the sizes, else from the "
-        "directory's config.json",
+        "fine-tune these weights (a Hugging Face GPT-2 directory or hub name, or a gpt_ds "
+        "run's OUT_DIR[:TAG]): the printed command loads them; the shape comes from --model / "
+        "the sizes, else from the weights' config",
         group=_TRAINING,
     )
     lr: float | None = option(None, "peak learning rate for the printed command", group=_TRAINING)
@@ -91,7 +92,7 @@ class PickPresetOptions:
                 f"--model {self.model!r} is not a preset; choose one of {', '.join(MODEL_PRESETS)}"
             )
         if self.model is None and self.init_from and not {"n_layer", "n_embd"} & given.keys():
-            return pretrained_shape(self.init_from, self.block_size)
+            return init_shape(resolve_init(self.init_from), self.block_size)
         if self.model is None and not {"n_layer", "n_head", "n_embd"} <= given.keys():
             problems.append("give --model PRESET, or all of --n_layer, --n_head and --n_embd")
         if problems:

@@ -1,0 +1,60 @@
+"""A run's length in tokens or epochs (`--max_tokens`, `--max_epochs`): turned into whole
+optimizer steps from the run's own batch, conflicting flags refused; the log counts epochs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+from helpers.launch import TRAIN, run_python, tiny_run_args
+
+from gpt_ds.config import parse_args
+from gpt_ds.errors import ConfigError
+from gpt_ds.metrics import read_metrics
+from gpt_ds.run_length import budget_problems, with_budget
+
+
+def cfg(*flags: str):
+    return parse_args(["--model", "gpt2-tiny", *flags])
+
+
+def test_a_token_budget_rounds_up_to_whole_steps():
+    run, line = with_budget(cfg("--max_tokens", "1000"), tokens_per_iter=256, train_tokens=10**6)
+    assert run.max_iters == 4  # 1000 / 256 = 3.9
+    assert line == "run length: 4 iterations from --max_tokens 1,000 (256 tokens each)"
+
+
+def test_an_epoch_budget_counts_the_train_split():
+    run, _ = with_budget(cfg("--max_epochs", "2.5"), tokens_per_iter=1000, train_tokens=10_001)
+    assert run.max_iters == 26  # ceil(25_002.5 -> 25_003 tokens / 1000)
+
+
+def test_conflicting_or_bad_budgets_are_named():
+    assert budget_problems(cfg("--max_tokens", "10", "--max_epochs", "1")) == [
+        "--max_tokens and --max_epochs both given: give one"
+    ]
+    assert budget_problems(cfg("--max_iters", "50", "--max_epochs", "1")) == [
+        "--max_iters and --max_epochs both given: give one"
+    ]
+    assert budget_problems(cfg("--max_epochs", "0")) == ["--max_epochs must be > 0, got 0.0"]
+    decay_beyond = dataclasses.replace(cfg("--max_tokens", "512"), lr_decay_iters=10)
+    with pytest.raises(ConfigError, match="--lr_decay_iters 10 is beyond the 2 steps"):
+        with_budget(decay_beyond, tokens_per_iter=256, train_tokens=10**6)
+
+
+@pytest.mark.slow
+def test_a_run_trains_for_a_share_of_an_epoch(shakespeare_dir, tmp_path):
+    train_tokens = json.loads((shakespeare_dir / "meta.json").read_text())["train_tokens"]
+    out = tmp_path / "run"
+    args = tiny_run_args(
+        shakespeare_dir, out, max_iters=None, max_epochs=0.005, eval_interval=0, eval_iters=1
+    )
+    stdout = run_python([str(TRAIN), *args], timeout=300).stdout
+    iters = math.ceil(math.ceil(0.005 * train_tokens) / 256)  # micro-batch 4 x block 64, 1 rank
+    assert f"run length: {iters} iterations from --max_epochs 0.005" in stdout
+    train = [r for r in read_metrics(out) if r.get("kind") == "train"]
+    assert train[-1]["iter"] == iters
+    assert train[-1]["epoch"] == pytest.approx(iters * 256 / train_tokens, abs=1e-4)
+    assert f"epoch {train[-1]['epoch']:.2f}" in stdout
