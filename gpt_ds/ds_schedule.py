@@ -24,6 +24,14 @@ DEFAULT_MAX_WARMUP = 100  # warmup = min(100, max_iters // 10)
 # gpt_ds's AdamW recipe (GPT-2/GPT-3), the values its presets set: fills "auto" at these keys.
 ADAMW_DEFAULTS = {"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 _WARMUP_SCHEDULES = ("WarmupLR", "WarmupDecayLR")
+# The keys of each DeepSpeed schedule that gpt_ds fills from the run: "auto" or left out (a
+# left-out key would get DeepSpeed's own default, e.g. WarmupLR's warmup_max_lr 0.001 and
+# 1000 warmup steps, while the run's log states the run's values).
+_RUN_FILLED_KEYS = {
+    "WarmupLR": ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps"),
+    "WarmupDecayLR": ("total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps"),
+    "WarmupCosineLR": ("total_num_steps", "warmup_num_steps", "cos_min_ratio"),
+}
 
 
 class Filling(Protocol):
@@ -88,7 +96,8 @@ def fill_optimizer_and_schedule(r: Filling) -> tuple[float, float, int]:
         "warmup_min_lr": start_lr,
     }
     for key, value in fills.items():
-        if params.get(key) == "auto":
+        absent_and_ours = key not in params and key in _RUN_FILLED_KEYS.get(kind, ())
+        if params.get(key) == "auto" or absent_and_ours:
             params[key] = value
     r.notes.append(
         _schedule_note(

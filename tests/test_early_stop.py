@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers.launch import REPO, TRAIN, run_python, tiny_run_args
+from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args
 from helpers.runs import val_losses
 
 from gpt_ds.early_stop import EarlyStop
@@ -37,7 +37,7 @@ def test_the_count_survives_a_checkpoint_and_off_never_stops():
 
 
 @pytest.mark.slow
-def test_a_diverging_run_stops_early_and_its_best_checkpoint_exports(shakespeare_dir, tmp_path):
+def test_a_diverging_run_on_two_ranks_stops_early_and_exports_best(shakespeare_dir, tmp_path):
     out = tmp_path / "run"
     args = tiny_run_args(
         shakespeare_dir,
@@ -49,7 +49,7 @@ def test_a_diverging_run_stops_early_and_its_best_checkpoint_exports(shakespeare
         eval_iters=2,
         early_stop_patience=2,
     )
-    stdout = run_python([str(TRAIN), *args], timeout=300).stdout
+    stdout = run_deepspeed(args, num_gpus=2).stdout
     vals = val_losses(out)
     best_iter = min(vals, key=vals.get)
     stopped = max(vals)
@@ -66,5 +66,5 @@ def test_a_diverging_run_stops_early_and_its_best_checkpoint_exports(shakespeare
     assert json.loads((export / "gpt_ds_export.json").read_text())["tag"] == f"iter_{best_iter}"
 
     # resumed, the stale count goes on: the next evaluation stops it again
-    stdout = run_python([str(TRAIN), *args, "--resume"], timeout=300).stdout
+    stdout = run_deepspeed([*args, "--resume"], num_gpus=2).stdout
     assert f"stopped early at iteration {stopped + 2}" in stdout

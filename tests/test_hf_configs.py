@@ -157,6 +157,24 @@ def test_every_filled_value_is_noted():
     assert "the presets' sizes" in log
 
 
+@pytest.mark.parametrize("kind", ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR"])
+def test_schedule_keys_left_out_are_the_runs_not_deepspeeds_defaults(kind):
+    """WarmupLR with no warmup_max_lr would run at DeepSpeed's 0.001 over its 1000 warmup
+    steps while the log says --lr over --warmup_iters: left-out keys are filled as "auto"."""
+    raw = hf_config("zero2", {"type": kind, "params": {}})
+    run = RunSettings(world_size=1, max_iters=20, lr=3e-4, warmup_iters=5)
+    params = resolve_ds_config(raw, run).config["scheduler"]["params"]
+    assert params["warmup_num_steps"] == 5
+    if kind == "WarmupCosineLR":  # its peak is the optimizer's lr; the floor lr/10
+        assert (params["total_num_steps"], params["cos_min_ratio"]) == (20, pytest.approx(0.1))
+    else:
+        assert (params["warmup_max_lr"], params["warmup_min_lr"]) == (3e-4, 0.0)
+    if kind == "WarmupDecayLR":
+        assert params["total_num_steps"] == 20
+    if kind == "WarmupLR":
+        assert "total_num_steps" not in params  # not a WarmupLR argument
+
+
 def test_precision_auto_is_what_this_machine_can_do():
     """fp16.enabled "auto" and no bf16 section: gpt_ds detects, where HF would read --fp16."""
     r = resolve_ds_config(hf_config("zero2"), RunSettings(world_size=1, max_iters=20))
