@@ -24,6 +24,7 @@ from gpt_ds.lr_schedule import SCHEDULES
 from gpt_ds.model import MODEL_PRESETS, resolve_shape, shape_problems
 from gpt_ds.precision import PRECISIONS
 from gpt_ds.token_format import rebuild_command
+from gpt_ds.tool_names import tool
 
 option = cli.option
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")
@@ -401,7 +402,7 @@ def _file_problems(cfg: RunConfig) -> list[str]:
         return [*problems, *exc.problems]
     for spec in specs:
         data = Path(spec.path)
-        make_it = f"make it with: python tools/prepare_data.py --out_dir {spec.path}"
+        make_it = f"make it with: {tool('prepare_data')} --out_dir {spec.path}"
         fresh = not data.is_dir() or not any(data.iterdir())  # else: re-create it, same inputs
         # no meta.json: gpt_ds.data reads the folder as nanoGPT's, or says why it cannot
         missing = [n for n in ("train.bin", "val.bin") if not (data / n).is_file()]

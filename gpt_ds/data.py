@@ -22,6 +22,7 @@ from gpt_ds.errors import DataError
 from gpt_ds.nanogpt_data import nanogpt_meta
 from gpt_ds.nanogpt_data import note as nanogpt_note
 from gpt_ds.token_format import DTYPE, FORMAT, INCOMPLETE_MARKER, rebuild_command
+from gpt_ds.tool_names import tool
 
 SCAN_CHUNK = 1 << 24  # tokens per chunk when checking ids (32 MB of uint16)
 
@@ -77,7 +78,7 @@ def _read_meta(data_dir: Path, vocab_size: int) -> dict:
     hint = rebuild_command(data_dir)
     if not meta_path.exists():  # the marker without meta.json: the .bin files may be mixed
         raise DataError(
-            f"{data_dir}: an interrupted tools/prepare_data.py left it half-written (no "
+            f"{data_dir}: an interrupted {tool('prepare_data')} left it half-written (no "
             f"meta.json; train.bin and val.bin may be from different runs); {hint}"
         )
     try:

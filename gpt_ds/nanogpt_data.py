@@ -19,6 +19,7 @@ from pathlib import Path
 from gpt_ds.errors import DataError
 from gpt_ds.token_format import DTYPE
 from gpt_ds.tokenizer import VOCAB_SIZE
+from gpt_ds.tool_names import tool
 
 FORMAT = "nanogpt.uint16"  # the "format" of the meta that stands in for meta.json
 SPLITS = ("train", "val")
@@ -39,7 +40,7 @@ def read_meta_pkl(path: Path) -> dict:
     except (OSError, pickle.UnpicklingError, EOFError, ValueError) as e:
         raise DataError(
             f"{path}: not a nanoGPT meta.pkl of plain data ({e}); remove it if the .bin files "
-            "hold GPT-2 BPE ids, or re-prepare the text with tools/prepare_data.py"
+            f"hold GPT-2 BPE ids, or re-prepare the text with {tool('prepare_data')}"
         ) from e
     if not isinstance(meta, dict) or not isinstance(meta.get("vocab_size"), int):
         raise DataError(f"{path}: expected a dict with an integer 'vocab_size', as nanoGPT writes")
@@ -65,7 +66,7 @@ def _check_vocabulary(data_dir: Path) -> None:
             f"{path}: vocab_size {meta['vocab_size']}, {_vocabulary_kind(meta)} (nanoGPT's "
             f"shakespeare_char writes such), not GPT-2's {VOCAB_SIZE}: its ids are not GPT-2 "
             "tokens, and GPT-2's tokenizer cannot train on them. Re-prepare the text with: "
-            f"python tools/prepare_data.py --input YOUR_TEXT --out_dir {out}"
+            f"{tool('prepare_data')} --input YOUR_TEXT --out_dir {out}"
         )
 
 
@@ -83,7 +84,7 @@ def nanogpt_meta(data_dir: Path) -> dict:
         if size % 2:
             raise DataError(
                 f"{path}: {size} bytes, an odd number: not whole uint16 token ids (a truncated "
-                "copy?); copy it again or re-prepare the text with tools/prepare_data.py"
+                f"copy?); copy it again or re-prepare the text with {tool('prepare_data')}"
             )
         meta[f"{split}_tokens"] = size // 2
     return meta

@@ -25,7 +25,9 @@ def rebuild_command(data_dir: str | Path) -> str:
     from gpt_ds.tokenizer import DEFAULT_CORPUS
 
     data_dir = Path(data_dir)
-    base = f"python tools/prepare_data.py --out_dir {shlex.quote(str(data_dir))}"
+    from gpt_ds.tool_names import tool
+
+    base = f"{tool('prepare_data')} --out_dir {shlex.quote(str(data_dir))}"
     try:
         described = data_dir / "meta.json"
         if not described.exists():  # an interrupted commit: the new meta is in the marker

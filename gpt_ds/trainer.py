@@ -39,6 +39,7 @@ from gpt_ds.model import ModelShape, flops_per_token, lm_loss
 from gpt_ds.monitoring import EngineMonitor, describe
 from gpt_ds.peak_flops import resolve_peak
 from gpt_ds.stop import StopRequest
+from gpt_ds.tool_names import tool
 
 
 @dataclass(kw_only=True)
@@ -326,7 +327,7 @@ class Trainer:
         best = f"{self.cfg.out_dir}/{self.best_tag}" if self.best_tag else "none saved"
         dist.print0(
             f"stopped early at iteration {it}; best checkpoint: {best} (val loss "
-            f"{self.best_val}); export it with gpt-ds-export {self.cfg.out_dir} --tag best"
+            f"{self.best_val}); export it with {tool('zero_to_fp32')} {self.cfg.out_dir} --tag best"
         )
 
     def _save_due(self, it: int) -> bool:

@@ -131,8 +131,23 @@ def test_preset_picker_reads_the_installed_presets(installed):
         work,
         env,
     )
-    candidates = [c for c in json.loads(out)["candidates"] if c["preset"]]
+    picked = json.loads(out)
+    candidates = [c for c in picked["candidates"] if c["preset"]]
     assert candidates and all(c["settings_from"] == f"ds_configs/{c['preset']}" for c in candidates)
+    # the printed command is one an installed package runs: no checkout paths in it
+    command = picked["recommendation"]["command"]
+    assert command.startswith("deepspeed --num_gpus 4 --module gpt_ds.train --deepspeed_config ")
+    assert "ds_configs/" not in command and ".json" not in command
+
+
+def test_hints_name_the_installed_commands(installed):
+    python, work, env, _ = installed
+    proc = subprocess.run(
+        [python, "-m", "gpt_ds.train", "--model", "gpt2-tiny", "--data_dir", "nodata"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "make it with: gpt-ds-prepare --out_dir nodata" in proc.stderr, proc.stderr
 
 
 def test_prepare_train_export_from_outside_the_checkout(installed):

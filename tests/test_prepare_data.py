@@ -315,7 +315,8 @@ def test_interrupted_commit_never_looks_complete(tmp_path, monkeypatch):
     assert not (out / "meta.json").exists()  # train.bin is new, val.bin old: no meta
     assert_clean(out)
     # not read as a nanoGPT folder (which has no meta.json either); the hint is the new run's
-    with pytest.raises(DataError, match=r"interrupted tools/prepare_data\.py left it .* 0\.2$"):
+    hint = r"interrupted python tools/prepare_data\.py left it .* 0\.2$"
+    with pytest.raises(DataError, match=hint):
         load_token_data(out, VOCAB_SIZE, 64)
     monkeypatch.undo()  # a run that completes removes the marker
     run([DEFAULT_CORPUS], out)

@@ -48,6 +48,7 @@ from gpt_ds.checkpoint.tags import (
     write_latest,
 )
 from gpt_ds.errors import CheckpointError
+from gpt_ds.tool_names import tool
 
 
 def rank_state_name(rank: int) -> str:
@@ -311,7 +312,7 @@ class Checkpointer:
         if not manifest.universal and manifest.world_size != world:
             raise CheckpointError(
                 f"{ref.tag_dir}: saved by {manifest.world_size} ranks, this run has {world}; "
-                "convert it first: python tools/universal_checkpoint.py "
+                f"convert it first: {tool('universal_checkpoint')} "
                 f"{self.out_dir} --tag {ref.tag} (then --resume {ref.tag}_universal)"
             )
         if not manifest.universal and manifest.zero_stage != engine.zero_optimization_stage():

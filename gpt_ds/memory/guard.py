@@ -18,7 +18,8 @@ CPU_ONLY_RANK_BYTES = GiB // 2
 FIXES = (
     "a smaller --micro_batch_size (with a larger --grad_accum for the same batch) or "
     "--block_size, --activation_checkpointing, more ranks, a higher ZeRO stage or offload "
-    "(ds_configs/zero3.json, zero2_offload.json; tools/pick_preset.py compares them)"
+    "(the zero3 and zero2_offload presets; tools/pick_preset.py, gpt-ds-pick-preset, compares "
+    "them)"
 )
 
 

@@ -21,6 +21,7 @@ from gpt_ds.memory.hardware import (
 )
 from gpt_ds.memory.settings import ZeroSettings, load_preset_settings
 from gpt_ds.model import ModelShape, flops_per_token, shape_problems
+from gpt_ds.tool_names import preset_arg, train_script
 
 DS_CONFIG_DIR = PRESET_DIR  # the presets, installed or in a checkout
 
@@ -318,7 +319,7 @@ def launch_command(
         if hw.nodes == 1
         else "deepspeed --hostfile hostfile"
     )
-    parts = [launcher, "gpt_ds/train.py", "--deepspeed_config", f"ds_configs/{c.preset}"]
+    parts = [launcher, train_script(), "--deepspeed_config", preset_arg(c.preset)]
     run_args = run_args or RunArgs()
     parts += run_args.model_flags() or model_flags(shape, model_name)
     parts += run_args.train_flags()
