@@ -84,8 +84,8 @@ def _weights_path(init: InitSource, out_dir: str) -> str:
         dist.print0(f"init: weights of {init.describe()}, exported for loading")
         try:
             path = str(export_for_loading(ref, out_dir, log=None))
-        except (CheckpointError, OSError) as exc:
-            error = f"--init_from {init.value}: {exc}"
+        except Exception as exc:  # any failure must reach the ranks waiting in the gather
+            error = f"--init_from {init.value}: {type(exc).__name__}: {exc}"
     error, path = dist.gather_objects((error, path))[0]
     if error is not None:
         raise CheckpointError(error)
