@@ -322,7 +322,7 @@ def run_settings(
 
 def validate(cfg: RunConfig) -> None:
     """Raise one ConfigError listing every problem with the run config (files checked too)."""
-    problems = _range_problems(cfg) + _file_problems(cfg)
+    problems = _range_problems(cfg) + length_problems(cfg) + _file_problems(cfg)
     if cfg.model_preset not in MODEL_PRESETS:
         problems.append(
             f"--model {cfg.model!r} is not a preset; choose one of {', '.join(MODEL_PRESETS)}"
@@ -356,6 +356,20 @@ def validate(cfg: RunConfig) -> None:
         )
     if problems:
         raise ConfigError(problems, source="command line")
+
+
+def length_problems(cfg: RunConfig) -> list[str]:
+    """Conflicting or out-of-range run-length flags (run_length.py turns a budget into steps)."""
+    problems = []
+    given = [f for f in ("max_tokens", "max_epochs") if getattr(cfg, f) is not None]
+    if len(given) > 1:
+        problems.append("--max_tokens and --max_epochs both given: give one")
+    if given and cfg.max_iters != RunConfig.__dataclass_fields__["max_iters"].default:
+        problems.append(f"--max_iters and --{given[0]} both given: give one")
+    for name in given:
+        if getattr(cfg, name) <= 0:
+            problems.append(f"--{name} must be > 0, got {getattr(cfg, name)}")
+    return problems
 
 
 def _range_problems(cfg: RunConfig) -> list[str]:

@@ -13,26 +13,10 @@ import math
 from gpt_ds.config import RunConfig
 from gpt_ds.errors import ConfigError
 
-DEFAULT_MAX_ITERS = next(f.default for f in dataclasses.fields(RunConfig) if f.name == "max_iters")
-
 
 def has_budget(cfg: RunConfig) -> bool:
     """Whether the run's length is given in tokens or epochs rather than in steps."""
     return cfg.max_tokens is not None or cfg.max_epochs is not None
-
-
-def budget_problems(cfg: RunConfig) -> list[str]:
-    """Conflicting or out-of-range length flags."""
-    problems = []
-    given = [f for f in ("max_tokens", "max_epochs") if getattr(cfg, f) is not None]
-    if len(given) > 1:
-        problems.append("--max_tokens and --max_epochs both given: give one")
-    if given and cfg.max_iters != DEFAULT_MAX_ITERS:
-        problems.append(f"--max_iters and --{given[0]} both given: give one")
-    for name in given:
-        if getattr(cfg, name) <= 0:
-            problems.append(f"--{name} must be > 0, got {getattr(cfg, name)}")
-    return problems
 
 
 def with_budget(cfg: RunConfig, tokens_per_iter: int, train_tokens: int) -> tuple[RunConfig, str]:

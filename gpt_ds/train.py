@@ -45,7 +45,7 @@ from gpt_ds.checkpoint.batch import Batch, check_batch
 from gpt_ds.config import RunConfig, parse_args, run_settings, validate
 from gpt_ds.ds_config import resolve_ds_config
 from gpt_ds.ds_schema import load_ds_config, preset_path
-from gpt_ds.errors import CheckpointError, ConfigError, GptDsError
+from gpt_ds.errors import CheckpointError, GptDsError
 from gpt_ds.init_source import InitSource, init_shape, resolve_init
 from gpt_ds.lr_schedule import with_schedule
 from gpt_ds.memory.guard import check_fits, device_memory_bytes, host_memory_bytes
@@ -58,7 +58,7 @@ from gpt_ds.model import (
 )
 from gpt_ds.monitoring import with_monitor_flags
 from gpt_ds.report import memory_estimate
-from gpt_ds.run_length import budget_problems, has_budget, with_budget
+from gpt_ds.run_length import has_budget, with_budget
 from gpt_ds.run_lock import RunLock
 from gpt_ds.trainer import RunPlan, Trainer
 
@@ -97,8 +97,6 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     """Validate and resolve everything the run needs; raises a GptDsError naming what is wrong.
     `damaged` names checkpoint tags found damaged, which `--resume` must not use."""
     validate(cfg)
-    if problems := budget_problems(cfg):
-        raise ConfigError(problems, source="command line")
     init = resolve_init(cfg.init_from, cfg.out_dir)
     shape = model_shape(cfg, init)
     world = int(os.environ.get("WORLD_SIZE", "1"))

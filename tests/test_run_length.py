@@ -10,10 +10,10 @@ import math
 import pytest
 from helpers.launch import TRAIN, run_python, tiny_run_args
 
-from gpt_ds.config import parse_args
+from gpt_ds.config import length_problems, parse_args
 from gpt_ds.errors import ConfigError
 from gpt_ds.metrics import read_metrics
-from gpt_ds.run_length import budget_problems, with_budget
+from gpt_ds.run_length import with_budget
 
 
 def cfg(*flags: str):
@@ -32,13 +32,13 @@ def test_an_epoch_budget_counts_the_train_split():
 
 
 def test_conflicting_or_bad_budgets_are_named():
-    assert budget_problems(cfg("--max_tokens", "10", "--max_epochs", "1")) == [
+    assert length_problems(cfg("--max_tokens", "10", "--max_epochs", "1")) == [
         "--max_tokens and --max_epochs both given: give one"
     ]
-    assert budget_problems(cfg("--max_iters", "50", "--max_epochs", "1")) == [
+    assert length_problems(cfg("--max_iters", "50", "--max_epochs", "1")) == [
         "--max_iters and --max_epochs both given: give one"
     ]
-    assert budget_problems(cfg("--max_epochs", "0")) == ["--max_epochs must be > 0, got 0.0"]
+    assert length_problems(cfg("--max_epochs", "0")) == ["--max_epochs must be > 0, got 0.0"]
     decay_beyond = dataclasses.replace(cfg("--max_tokens", "512"), lr_decay_iters=10)
     with pytest.raises(ConfigError, match="--lr_decay_iters 10 is beyond the 2 steps"):
         with_budget(decay_beyond, tokens_per_iter=256, train_tokens=10**6)
