@@ -129,13 +129,21 @@ class TrainSampler:
         self.seed, self.rank = seed, rank
         self.sequences = 0  # drawn so far from this rank's stream
 
+    def units(self, first: int, count: int, word: int = 0) -> np.ndarray:
+        """Uniforms in [0, 1) of sequences first .. first + count - 1 of this rank's stream:
+        each counter step gives four 64-bit words; sequence i takes word `word` after counter i
+        (0 places its window; mixture.py draws its source from 1)."""
+        key = np.array([self.seed % 2**64, self.rank], dtype=np.uint64)
+        raw = np.random.Philox(key=key, counter=first).random_raw(4 * count)[word::4]
+        return (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53  # 53 random bits
+
     def starts(self, first: int, count: int) -> np.ndarray:
         """Window offsets of sequences first .. first + count - 1 of this rank's stream."""
+        return self.offsets(self.units(first, count))
+
+    def offsets(self, unit: np.ndarray) -> np.ndarray:
+        """Window offsets in these tokens for uniforms in [0, 1)."""
         high = len(self.tokens) - self.block_size - 1  # offsets 0 .. high - 1
-        key = np.array([self.seed % 2**64, self.rank], dtype=np.uint64)
-        # each counter step gives four 64-bit words: sequence i takes the first after counter i
-        raw = np.random.Philox(key=key, counter=first).random_raw(4 * count)[::4]
-        unit = (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53  # 53 random bits in [0, 1)
         return np.minimum((unit * high).astype(np.int64), high - 1)  # rounding never gives high
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,6 +189,10 @@ def eval_windows(num_tokens: int, block_size: int, count: int) -> np.ndarray:
 
 def window_batch(tokens: np.ndarray, starts: np.ndarray, block_size: int):
     """(x, y) for the given window starts; shape (len(starts), block_size)."""
-    rows = np.stack([tokens[s : s + block_size + 1] for s in starts]).astype(np.int64)
-    batch = torch.from_numpy(rows)
+    return xy_batch([tokens[s : s + block_size + 1] for s in starts])
+
+
+def xy_batch(windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) from windows of block_size + 1 tokens: y is x shifted by one token."""
+    batch = torch.from_numpy(np.stack(windows).astype(np.int64))
     return batch[:, :-1], batch[:, 1:]

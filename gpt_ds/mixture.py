@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt_ds.data import TokenData, TrainSampler, load_token_data
+from gpt_ds.data import TokenData, TrainSampler, load_token_data, xy_batch
 from gpt_ds.data_spec import data_specs
 from gpt_ds.errors import DataError
 
@@ -99,22 +99,19 @@ class MixtureSampler(TrainSampler):
 
     def sources(self, first: int, count: int) -> np.ndarray:
         """The source index of sequences first .. first + count - 1 of this rank's stream."""
-        key = np.array([self.seed % 2**64, self.rank], dtype=np.uint64)
-        raw = np.random.Philox(key=key, counter=first).random_raw(4 * count)[1::4]
-        unit = (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53
-        return np.searchsorted(self.bounds, unit, side="right")
+        return np.searchsorted(self.bounds, self.units(first, count, word=1), side="right")
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         first, count = self.sequences, self.batch_size
         picks = self.sources(first, count)
-        starts = [s.starts(first, count) for s in self.samplers]
-        rows = [
+        unit = self.units(first, count)  # each source scales the same draw to its own length
+        starts = [s.offsets(unit) for s in self.samplers]
+        windows = [
             self.samplers[k].tokens[starts[k][j] : starts[k][j] + self.block_size + 1]
             for j, k in enumerate(picks)
         ]
         self.sequences += count
-        batch = torch.from_numpy(np.stack(rows).astype(np.int64))
-        return batch[:, :-1], batch[:, 1:]
+        return xy_batch(windows)
 
     def load_state_dict(self, state: dict) -> None:
         if "sequences" not in state:
