@@ -60,7 +60,12 @@ def evaluate(
     if was_training:
         model.train()
     mean = total_loss / total_tokens
-    return EvalResult(loss=mean, perplexity=math.exp(min(mean, 50.0)), tokens=int(total_tokens))
+    return EvalResult(loss=mean, perplexity=perplexity(mean), tokens=int(total_tokens))
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), capped where an untrained or diverged loss would overflow it."""
+    return math.exp(min(loss, 50.0))
 
 
 @dataclass
@@ -77,4 +82,4 @@ def evaluate_mix(model, mix: DataMix, block_size: int, num_windows: int, **where
     losses = [evaluate(model, s.val, block_size, num_windows, **where).loss for s in mix.sources]
     mean = sum(w * loss for w, loss in zip(mix.weights, losses, strict=True))
     by_source = dict(zip(mix.names, losses, strict=True)) if mix.is_mixture else {}
-    return MixResult(loss=mean, perplexity=math.exp(min(mean, 50.0)), by_source=by_source)
+    return MixResult(loss=mean, perplexity=perplexity(mean), by_source=by_source)

@@ -188,12 +188,13 @@ class MetricsLogger:
             "val_loss": val_loss,
             "val_ppl": round(ppl, 3),
         }
-        sources = {f"val_loss/{name}": loss for name, loss in (by_source or {}).items()}
+        by_source = by_source or {}
+        sources = {f"val_loss/{name}": loss for name, loss in by_source.items()}
         rec.update(sources)
         if train_loss is not None and math.isfinite(train_loss):
             rec["train_loss"] = train_loss
         if self.enabled:
-            each = "".join(f" | {name} {loss:.4f}" for name, loss in (by_source or {}).items())
+            each = "".join(f" | {name} {loss:.4f}" for name, loss in by_source.items())
             print(
                 f"{time.strftime('%Y-%m-%d %H:%M:%S')} eval {iteration:>{self._width}}/"
                 f"{self.facts.max_iters} | val loss {val_loss:.4f} | val ppl {ppl:.2f}{each}",

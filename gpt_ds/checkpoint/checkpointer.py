@@ -154,8 +154,8 @@ def check_model(ref: CheckpointRef, model_shape: dict) -> None:
 def check_same_data(ref: CheckpointRef, identity: dict[str, Any]) -> None:
     """A CheckpointError when `--resume` names a checkpoint trained on other data (`identity`:
     mixture.DataMix.identity, split sizes and input checksums, so moving a folder changes
-    nothing; a mixture's names and weights too): resuming
-    continues the same run (its sampler positions index that data); new data is a new run."""
+    nothing; a mixture's names and weights too): resuming continues the same run (its sampler
+    positions index that data); new data is a new run."""
     saved = ref.manifest.data
     if saved is None or saved == identity:  # saved before checkpoints recorded their data
         return

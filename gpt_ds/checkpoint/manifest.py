@@ -53,7 +53,7 @@ class Manifest:
     universal: bool = False  # made by ds_to_universal, loadable on any world size
     source_tag: str | None = None  # for a universal checkpoint: the tag it was made from
     tokens: int | None = None  # tokens trained on, all ranks (None: saved before it was kept)
-    data: dict[str, Any] | None = None  # checkpointer.data_identity of its data dir
+    data: dict[str, Any] | None = None  # mixture.DataMix.identity of the data it trained on
     early_stop: dict[str, Any] | None = None  # early_stop.EarlyStop's count and best
 
     @property
