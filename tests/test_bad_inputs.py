@@ -14,19 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.launch import REPO, TRAIN, VENV_BIN, launch_env, run_python, tiny_run_args
+from helpers.launch import (
+    REPO,
+    TRAIN,
+    VENV_BIN,
+    launch_env,
+    run_python,
+    tiny_run_args,
+    train_fails,
+)
 
 SMALL = {"n_layer": 2, "n_head": 2, "n_embd": 64}
-
-
-def train_fails(args: list[str]) -> str:
-    """Run the trainer on one process; assert it stops in validation; return what it said."""
-    proc = run_python([str(TRAIN), *args], timeout=300, check=False)
-    said = proc.stdout + proc.stderr
-    assert proc.returncode == 2, f"rc={proc.returncode}\n{said[-4000:]}"
-    assert "Traceback" not in said, said[-4000:]
-    assert "rank 0/1" not in said, "got as far as the process group: " + said[-4000:]
-    return proc.stderr
 
 
 @pytest.fixture

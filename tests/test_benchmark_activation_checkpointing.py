@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers.launch import REPO, run_python
+from helpers.launch import run_benchmark
 
 ROW = re.compile(
     r"^\| ZeRO-2 \| (off|on) \| ([\d,]+) \| [\d,]+ \| ([\d.]+) \| ([\d.]+) GiB \| "
@@ -18,19 +18,16 @@ ROW = re.compile(
 
 @pytest.mark.slow
 def test_activation_checkpointing_benchmark_prints_both_rows(shakespeare_dir, tmp_path):
-    proc = run_python(
-        [
-            str(REPO / "benchmarks" / "activation_checkpointing.py"),
-            "--model", "gpt2-tiny",
-            "--stages", "2",
-            "--block_size", "32",
-            "--micro_batch_size", "2",
-            "--steps", "3",
-            "--warmup", "1",
-            "--data_dir", str(shakespeare_dir),
-            "--work_dir", str(tmp_path),
-        ],
-        timeout=600,
+    proc = run_benchmark(
+        "activation_checkpointing",
+        "--model", "gpt2-tiny",
+        "--stages", "2",
+        "--block_size", "32",
+        "--micro_batch_size", "2",
+        "--steps", "3",
+        "--warmup", "1",
+        data_dir=shakespeare_dir,
+        work_dir=tmp_path,
     )  # fmt: skip
     rows = ROW.findall(proc.stdout)
     assert [r[0] for r in rows] == ["off", "on"], proc.stdout

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers.launch import REPO, run_python
+from helpers.launch import run_benchmark
 
 NUMBER = r"[\d,.]+"
 
@@ -31,11 +31,7 @@ def _positive(cell: str) -> float:
 
 @pytest.mark.slow
 def test_prepare_benchmark_prints_every_row(tmp_path):
-    proc = run_python(
-        [str(REPO / "benchmarks" / "prepare.py"), "--mb", "1", "--reps", "1",
-         "--work_dir", str(tmp_path)],
-        timeout=600,
-    )  # fmt: skip
+    proc = run_benchmark("prepare", "--mb", "1", "--reps", "1", work_dir=tmp_path)
     rows = _rows(
         proc.stdout, ["gpt_ds (tools/prepare_data.py)", "tiktoken encode_ordinary, one core"]
     )
@@ -52,11 +48,9 @@ def test_prepare_benchmark_prints_every_row(tmp_path):
 
 @pytest.mark.slow
 def test_eval_benchmark_ranks_agree(shakespeare_dir, tmp_path):
-    proc = run_python(
-        [str(REPO / "benchmarks" / "eval.py"), "--block_size", "64", "--micro_batch_size", "2",
-         "--eval_iters", "3", "--reps", "1", "--data_dir", str(shakespeare_dir),
-         "--work_dir", str(tmp_path)],
-        timeout=600,
+    proc = run_benchmark(
+        "eval", "--block_size", "64", "--micro_batch_size", "2", "--eval_iters", "3",
+        "--reps", "1", data_dir=shakespeare_dir, work_dir=tmp_path,
     )  # fmt: skip
     rows = _rows(proc.stdout, ["1 rank", "2 ranks", "1 rank, 2 threads"])
     losses = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers.launch import REPO, run_python
+from helpers.launch import run_benchmark
 
 ROW = re.compile(
     r"^\| (?P<tool>[^|]+?) \| (?P<median>[\d.]+) \| (?P<reps>[\d. /]+?) \| (?P<rss>[\d.]+) GiB "
@@ -17,9 +17,10 @@ ROW = re.compile(
 
 @pytest.mark.slow
 def test_export_benchmark_prints_every_row(shakespeare_dir, tmp_path):
-    args = [str(REPO / "benchmarks" / "export.py"), "--model", "gpt2-tiny", "--reps", "1"]
-    args += ["--data_dir", str(shakespeare_dir), "--work_dir", str(tmp_path)]
-    proc = run_python(args, timeout=900)
+    proc = run_benchmark(
+        "export", "--model", "gpt2-tiny", "--reps", "1",
+        data_dir=shakespeare_dir, work_dir=tmp_path, timeout=900,
+    )  # fmt: skip
     rows = {m["tool"]: m for m in ROW.finditer(proc.stdout)}
     assert list(rows) == ["gpt_ds tools/zero_to_fp32.py", "DeepSpeed zero_to_fp32.py"], proc.stdout
     for m in rows.values():

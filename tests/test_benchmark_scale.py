@@ -8,7 +8,7 @@ import os
 import re
 
 import pytest
-from helpers.launch import REPO, run_python
+from helpers.launch import run_benchmark
 
 RAN = re.compile(
     r"^\| gpt2-tiny \| (\d+)M \| ([\d.]+) GiB \(([\d.]+) \+ ([\d.]+)\) \| ([\d.]+) GiB \| "
@@ -22,16 +22,13 @@ NOT_RUN = re.compile(r"^\| gpt2-xl \| [\d,]+M \| [\d.]+ GiB \| .* \| refuses \| 
 
 @pytest.mark.slow
 def test_scale_benchmark_measures_tiny_and_skips_what_cannot_fit(shakespeare_dir, tmp_path):
-    proc = run_python(
-        [
-            str(REPO / "benchmarks" / "scale.py"),
-            "--models", "gpt2-tiny", *(["gpt2-xl"] if SMALL_HOST else []),
-            "--release_off",
-            "--steps", "2",
-            "--data_dir", str(shakespeare_dir),
-            "--work_dir", str(tmp_path),
-        ],
-        timeout=600,
+    proc = run_benchmark(
+        "scale",
+        "--models", "gpt2-tiny", *(["gpt2-xl"] if SMALL_HOST else []),
+        "--release_off",
+        "--steps", "2",
+        data_dir=shakespeare_dir,
+        work_dir=tmp_path,
     )  # fmt: skip
     rows = RAN.findall(proc.stdout)
     assert len(rows) == 1, proc.stdout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers.launch import REPO, run_python
+from helpers.launch import run_benchmark
 
 ROWS = [
     "gpt_ds",
@@ -19,22 +19,19 @@ ROWS = [
 
 @pytest.mark.slow
 def test_throughput_benchmark_prints_every_row(shakespeare_dir, tmp_path):
-    proc = run_python(
-        [
-            str(REPO / "benchmarks" / "throughput.py"),
-            "--models", "gpt2-tiny",
-            "--stages", "2",
-            "--block_size", "32",
-            "--micro_batch_size", "2",
-            "--grad_accum", "2",
-            "--steps", "3",
-            "--warmup", "1",
-            "--reps", "1",
-            # the default rows (--compile is tests/test_compile.py's: it compiles for long here)
-            "--data_dir", str(shakespeare_dir),
-            "--work_dir", str(tmp_path),
-        ],
-        timeout=600,
+    proc = run_benchmark(
+        "throughput",
+        "--models", "gpt2-tiny",
+        "--stages", "2",
+        "--block_size", "32",
+        "--micro_batch_size", "2",
+        "--grad_accum", "2",
+        "--steps", "3",
+        "--warmup", "1",
+        "--reps", "1",
+        # the default rows (--compile is tests/test_compile.py's: it compiles for long here)
+        data_dir=shakespeare_dir,
+        work_dir=tmp_path,
     )  # fmt: skip
     rows = re.findall(r"^\| (.+?) \| ([\d,]+) \| .* \| ([\d.]+) GiB \| ([\d.]+) \| ([\d.]+) \|$",
                       proc.stdout, re.M)  # fmt: skip

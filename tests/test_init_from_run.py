@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 from helpers.launch import (
     REPO,
     STAGE_RUN_ITERS,
     TRAIN,
-    launch_env,
     run_deepspeed,
     run_python,
     tiny_run_args,
+    train_fails,
 )
 from helpers.runs import train_lrs, val_losses
 
@@ -28,20 +26,6 @@ from gpt_ds.metrics import read_metrics
 
 # no --model: the shape comes from the weights
 NEW_RUN = {"model": None, "max_iters": 2, "eval_interval": 0, "warmup_iters": 2}
-
-
-def refused(args: list[str]) -> str:
-    """stderr of a one-process launch that must fail before any model is built."""
-    proc = subprocess.run(
-        [sys.executable, str(TRAIN), *args],
-        cwd=REPO,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stderr
 
 
 @pytest.mark.slow
@@ -85,10 +69,12 @@ def test_a_named_tag_continues_on_two_zero1_ranks(stage_run, shakespeare_dir, tm
 @pytest.mark.slow
 def test_init_from_refuses_its_own_out_dir_and_a_missing_tag(stage_run, shakespeare_dir):
     source = stage_run(2)[0]
-    err = refused(tiny_run_args(shakespeare_dir, source, init_from=f"{source}:final", model=None))
+    into_itself = tiny_run_args(shakespeare_dir, source, init_from=f"{source}:final", model=None)
+    err = train_fails(into_itself)
     assert f"--init_from {source}:final is this run's own --out_dir" in err
     assert "use --resume" in err
-    err = refused(tiny_run_args(shakespeare_dir, source, init_from=f"{source}:iter_99", model=None))
+    missing = tiny_run_args(shakespeare_dir, source, init_from=f"{source}:iter_99", model=None)
+    err = train_fails(missing)
     assert "--init_from OUT_DIR:TAG iter_99: no complete checkpoint with that tag" in err
 
 
@@ -101,7 +87,7 @@ def test_resume_on_other_data_names_init_from(stage_run, shakespeare_dir, tmp_pa
     prepare = REPO / "tools" / "prepare_data.py"
     run_python([str(prepare), "--input", str(text), "--out_dir", str(other)], timeout=120)
     run = shutil.copytree(stage_run(2)[0], tmp_path / "run")
-    err = refused(tiny_run_args(other, run, resume=True, max_iters=30, allow_batch_change=True))
+    err = train_fails(tiny_run_args(other, run, resume=True, max_iters=30, allow_batch_change=True))
     assert f"{run}/final: checkpoint was trained on other data (train_tokens: checkpoint" in err
     assert f"--init_from {run}:final --out_dir NEW_DIR" in err
 

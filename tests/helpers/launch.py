@@ -115,6 +115,27 @@ def run_python(
     return proc
 
 
+def train_fails(args: list[str]) -> str:
+    """Run the trainer on one process; assert it stops in validation; return what it said."""
+    proc = run_python([str(TRAIN), *args], timeout=300, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, f"rc={proc.returncode}\n{said[-4000:]}"
+    assert "Traceback" not in said, said[-4000:]
+    assert "rank 0/1" not in said, "got as far as the process group: " + said[-4000:]
+    return proc.stderr
+
+
+def run_benchmark(
+    name: str, *flags: str, work_dir: Path, data_dir: Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """benchmarks/`name`.py with `flags`, its scratch in `work_dir`, on `data_dir`'s tokens
+    if given (else it prepares its own): the benchmarks' smoke tests."""
+    args = [str(REPO / "benchmarks" / f"{name}.py"), *flags, "--work_dir", str(work_dir)]
+    if data_dir is not None:
+        args += ["--data_dir", str(data_dir)]
+    return run_python(args, timeout=timeout)
+
+
 def tiny_run_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
     """Command-line arguments for a small, fast, deterministic CPU run (fp32)."""
     args = {
