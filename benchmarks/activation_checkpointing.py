@@ -23,7 +23,13 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import torch  # noqa: E402
 from bench_common import prepare_shakespeare, work_dir  # noqa: E402
-from throughput import Measured, Setup, measure  # noqa: E402
+from throughput import (  # noqa: E402
+    Measured,
+    Setup,
+    add_launch_options,
+    measure,
+    parse_launch_args,
+)
 
 from gpt_ds.memory import activation_bytes  # noqa: E402
 from gpt_ds.model import MODEL_PRESETS, ModelShape  # noqa: E402
@@ -64,25 +70,10 @@ def table_rows(setup: Setup, results: dict[str, list[Measured]]) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt2-mini", choices=list(MODEL_PRESETS))
-    p.add_argument("--stages", nargs="+", type=int, default=[1, 2, 3], choices=[1, 2, 3])
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--block_size", type=int, default=256)
-    p.add_argument("--micro_batch_size", type=int, default=16)
-    p.add_argument("--grad_accum", type=int, default=1)
-    p.add_argument(
-        "--precision",
-        choices=["bf16", "fp16", "fp32"],
-        default="bf16" if torch.cuda.is_available() else "fp32",
-        help="default: bf16 on GPUs, fp32 on CPU",
+    add_launch_options(
+        p, block_size=256, micro_batch_size=16, grad_accum=1, steps=6, warmup=2, reps=1
     )
-    p.add_argument("--steps", type=int, default=6, help="optimizer steps per launch")
-    p.add_argument("--warmup", type=int, default=2, help="steps not timed")
-    p.add_argument("--reps", type=int, default=1, help="interleaved repetitions")
-    p.add_argument("--data_dir", help="a prepared data dir (default: Tiny Shakespeare)")
-    p.add_argument("--work_dir", help="keep every launch's log and output here")
-    a = p.parse_args(argv)
-    if not 1 <= a.warmup < a.steps:
-        p.error("--warmup must be at least 1 and below --steps")
+    a = parse_launch_args(p, argv)
     a.rows = [OFF, ON]  # what throughput.measure launches
     return a
 

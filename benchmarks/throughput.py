@@ -241,25 +241,46 @@ def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--models", nargs="+", default=["gpt2-tiny", "gpt2-mini"], choices=list(MODEL_PRESETS)
-    )
+def add_launch_options(
+    p: argparse.ArgumentParser, *, block_size: int, micro_batch_size: int, grad_accum: int,
+    steps: int, warmup: int, reps: int,
+) -> None:  # fmt: skip
+    """The flags `measure` reads from Setup.args, at a benchmark's own defaults
+    (activation_checkpointing.py launches through `measure` too)."""
     p.add_argument("--stages", nargs="+", type=int, default=[1, 2, 3], choices=[1, 2, 3])
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--block_size", type=int, default=128)
-    p.add_argument("--micro_batch_size", type=int, default=4)
-    p.add_argument("--grad_accum", type=int, default=2)
+    p.add_argument("--block_size", type=int, default=block_size)
+    p.add_argument("--micro_batch_size", type=int, default=micro_batch_size)
+    p.add_argument("--grad_accum", type=int, default=grad_accum)
     p.add_argument(
         "--precision",
         choices=["bf16", "fp16", "fp32"],
         default="bf16" if torch.cuda.is_available() else "fp32",
         help="default: bf16 on GPUs, fp32 on CPU",
     )
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps per launch")
-    p.add_argument("--warmup", type=int, default=5, help="steps not timed")
-    p.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
+    p.add_argument("--steps", type=int, default=steps, help="optimizer steps per launch")
+    p.add_argument("--warmup", type=int, default=warmup, help="steps not timed")
+    p.add_argument("--reps", type=int, default=reps, help="interleaved repetitions")
+    p.add_argument("--data_dir", help="a prepared data dir (default: Tiny Shakespeare)")
+    p.add_argument("--work_dir", help="keep every launch's log and output here")
+
+
+def parse_launch_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`p`'s arguments, the launch options checked."""
+    a = p.parse_args(argv)
+    if not 1 <= a.warmup < a.steps:
+        p.error("--warmup must be at least 1 and below --steps")
+    return a
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--models", nargs="+", default=["gpt2-tiny", "gpt2-mini"], choices=list(MODEL_PRESETS)
+    )
+    add_launch_options(
+        p, block_size=128, micro_batch_size=4, grad_accum=2, steps=20, warmup=5, reps=2
+    )
     p.add_argument(
         "--rows",
         nargs="+",
@@ -269,12 +290,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="which rows (default all but gpt_ds --compile and --activation_checkpointing): "
         + ", ".join(map(repr, ROWS)),
     )
-    p.add_argument("--data_dir", help="a prepared data dir (default: Tiny Shakespeare)")
-    p.add_argument("--work_dir", help="keep every launch's log and output here")
-    a = p.parse_args(argv)
-    if not 1 <= a.warmup < a.steps:
-        p.error("--warmup must be at least 1 and below --steps")
-    return a
+    return parse_launch_args(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
