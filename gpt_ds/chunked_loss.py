@@ -56,6 +56,28 @@ def _loss_sum(
     return ((lse - target) * counted).sum(), lse, counted, safe
 
 
+def _scaled_logit_grad(
+    logits: torch.Tensor, lse: torch.Tensor, safe: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """(softmax - one-hot) x per-row `weights`, in place over the fp32 `logits`: the gradient
+    of the loss with respect to the chunk's logits."""
+    grad = logits.sub_(lse[:, None]).exp_()
+    grad[torch.arange(len(safe), device=safe.device), safe] -= 1.0
+    return grad.mul_(weights[:, None])
+
+
+def _add_head_grads(
+    grad: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, grad_weight: torch.Tensor
+) -> torch.Tensor:
+    """Add the chunk's weight gradient into fp32 `grad_weight`; return its hidden gradient.
+    `grad` is already in the hidden states' dtype."""
+    if h.dtype == torch.float32:
+        grad_weight.addmm_(grad.t(), h)  # in place: no (vocab x width) temporary
+    else:
+        grad_weight.add_(grad.t() @ h)  # 16-bit product, summed in fp32
+    return grad @ weight
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Loss and both gradients in one pass over the chunks; backward only scales them."""
 
@@ -71,15 +93,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss_sum, lse, counted, safe = _loss_sum(logits, y)
             total += loss_sum
             # d(mean loss)/d(logits): softmax - one-hot, over the counted tokens
-            grad = logits.sub_(lse[:, None]).exp_()
-            grad[torch.arange(len(y), device=y.device), safe] -= 1.0
-            grad.mul_((counted.float() / count)[:, None])
-            grad = grad.to(hidden.dtype)
-            grad_hidden[start : start + rows] = grad @ weight
-            if h.dtype == torch.float32:
-                grad_weight.addmm_(grad.t(), h)  # in place: no (vocab x width) temporary
-            else:
-                grad_weight.add_(grad.t() @ h)  # 16-bit product, summed in fp32
+            grad = _scaled_logit_grad(logits, lse, safe, counted.float() / count).to(hidden.dtype)
+            grad_hidden[start : start + rows] = _add_head_grads(grad, h, weight, grad_weight)
             del logits, grad  # one chunk alive at a time (memory/activations.py counts one)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return total / count
@@ -88,6 +103,45 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_output):
         grad_hidden, grad_weight = ctx.saved_tensors
         return grad_hidden * grad_output, grad_weight * grad_output, None, None, None
+
+
+class _LinearCrossEntropyRecompute(torch.autograd.Function):
+    """fp16: forward keeps each row's log-sum-exp; backward recomputes the chunks' logits and
+    scales their gradient by `grad_output` (the loss scale) in fp32, before the cast to fp16."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, rows: int, tokens: int | None):
+        count = _counted_tokens(labels)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        lses = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], rows):
+            logits = _chunk_logits(hidden[start : start + rows], weight, tokens)
+            loss_sum, lses[start : start + rows], _, _ = _loss_sum(
+                logits, labels[start : start + rows]
+            )
+            total += loss_sum
+            del logits
+        ctx.save_for_backward(hidden, weight, labels, lses, count)
+        ctx.rows, ctx.tokens = rows, tokens
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        hidden, weight, labels, lses, count = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        scale = grad_output.float() / count
+        for start in range(0, hidden.shape[0], ctx.rows):
+            end = start + ctx.rows
+            h, y = hidden[start:end], labels[start:end]
+            logits = _chunk_logits(h, weight, ctx.tokens)
+            counted = y != IGNORE_INDEX
+            safe = torch.where(counted, y, 0)
+            grad = _scaled_logit_grad(logits, lses[start:end], safe, counted.float() * scale)
+            grad = grad.to(hidden.dtype)
+            grad_hidden[start:end] = _add_head_grads(grad, h, weight, grad_weight)
+            del logits, grad
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
 
 
 @torch.compiler.disable  # eager under --compile: a loop of large matmuls, nothing to fuse
@@ -107,7 +161,9 @@ def chunked_cross_entropy(
     labels = labels.reshape(-1)
     rows = rows or chunk_rows(weight.shape[0], hidden.device.type)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(hidden, weight, labels, rows, tokens)
+        one_pass = hidden.dtype != torch.float16
+        fn = _LinearCrossEntropy if one_pass else _LinearCrossEntropyRecompute
+        return fn.apply(hidden, weight, labels, rows, tokens)
     count = _counted_tokens(labels)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], rows):
