@@ -17,6 +17,7 @@ import math
 from typing import Any, Protocol
 
 from gpt_ds.config import RunSettings
+from gpt_ds.optimizer_choice import adam_facts, choose_adam
 
 DEFAULT_LR = 6e-4
 DEFAULT_MIN_LR_FRACTION = 0.1  # min_lr = lr / 10, as in GPT-3 / nanoGPT
@@ -85,7 +86,7 @@ def fill_optimizer_and_schedule(r: Filling) -> tuple[float, float, int]:
     if optimizer is not None:
         opt_params["lr"] = lr
         _adam_hyperparameters(r, optimizer["type"], opt_params)
-        _cpu_adam(r, optimizer)
+        _choose_adam(r, optimizer)
     else:
         r.notes.append("optimizer: none in the config; the trainer must pass one")
     fills = {
@@ -192,22 +193,14 @@ def _adam_hyperparameters(r: Filling, kind: str, params: dict) -> None:
         r.notes.append(f'optimizer: {kind} {values} (were "auto": gpt_ds\'s AdamW recipe)')
 
 
-def _cpu_adam(r: Filling, optimizer: dict) -> None:
-    """On a CPU-only run, Adam(W) without offload becomes torch's own (`torch_adam`).
-
-    DeepSpeed's CPU Adam kernel updates its bias-correction powers incrementally, so a
-    resumed run (which recomputes them) drifts by float rounding from an uninterrupted one;
-    torch's AdamW recomputes them every step, making resume bit-exact. It also skips a
-    JIT compile. GPU runs keep DeepSpeed's fused kernel.
-    """
-    from deepspeed.accelerator import get_accelerator
-
+def _choose_adam(r: Filling, optimizer: dict) -> None:
+    """Adam(W) becomes the implementation this machine can run (optimizer_choice.py): torch's
+    AdamW on CPU ranks and on GPUs where DeepSpeed's FusedAdam could not be built."""
+    if optimizer.get("type", "").lower() not in ("adam", "adamw"):
+        return
     offload = r.cfg.get("zero_optimization", {}).get("offload_optimizer") or {}
-    if (
-        get_accelerator().device_name() == "cpu"
-        and optimizer.get("type", "").lower() in ("adam", "adamw")
-        and offload.get("device", "none") == "none"
-        and "torch_adam" not in optimizer["params"]
-    ):
-        optimizer["params"]["torch_adam"] = True
-        r.notes.append("optimizer: torch AdamW on CPU (exact resume; no kernel compile)")
+    facts = adam_facts(offload=offload.get("device", "none") != "none")
+    choice = choose_adam(facts, optimizer["params"])
+    optimizer["params"].update(choice.params)
+    r.notes.append(choice.note)
+    r.problems.extend(choice.problems)

@@ -1,0 +1,110 @@
+"""gpt_ds.optimizer_choice: every branch of the Adam(W) choice, for machines this one is not
+(GPUs with and without nvcc, a prebuilt op, ROCm), and the chosen params through DeepSpeed's
+own optimizer construction (`DeepSpeedEngine.get_optimizer_configuration`), so that what is
+chosen is what DeepSpeed builds and no key it passes on makes torch raise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+from gpt_ds.config import RunSettings
+from gpt_ds.ds_config import resolve_ds_config
+from gpt_ds.ds_schema import load_ds_config, preset_path
+from gpt_ds.errors import ConfigError
+from gpt_ds.optimizer_choice import AdamFacts, adam_facts, choose_adam, same_minor
+
+CUDA_NO_NVCC = AdamFacts(accelerator="cuda")
+ADAMW = {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+
+
+def deepspeed_builds(params: dict) -> torch.optim.Optimizer:
+    """The optimizer DeepSpeed's `_configure_basic_optimizer` makes from AdamW `params` when
+    they select torch's AdamW (the branch that touches no engine state)."""
+    params = dict(params)
+    cls, kwargs = DeepSpeedEngine.get_optimizer_configuration(None, params, True)
+    return cls([torch.nn.Parameter(torch.randn(4))], **params, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "facts,expected,why",
+    [
+        (AdamFacts("cpu"), {"torch_adam": True}, "CPU ranks"),
+        (AdamFacts("cpu", offload=True), {}, "CPU Adam (optimizer offload)"),
+        (AdamFacts("cuda", offload=True), {}, "CPU Adam (optimizer offload)"),
+        (CUDA_NO_NVCC, {"torch_adam": True, "fused": True}, "no nvcc matching"),
+        (AdamFacts("cuda", rocm=True), {"torch_adam": True, "fused": True}, "no hipcc"),
+        (AdamFacts("cuda", prebuilt=True), {}, "FusedAdam (op prebuilt)"),
+        (AdamFacts("cuda", compiler="nvcc 13.0"), {}, "JIT-built once with nvcc 13.0"),
+        (AdamFacts("xpu"), {}, "DeepSpeed's choice on xpu"),
+    ],
+)
+def test_each_machine_gets_an_adam_it_can_run(facts, expected, why):
+    choice = choose_adam(facts, dict(ADAMW))
+    assert choice.params == expected
+    assert why in choice.note
+    assert choice.problems == []
+
+
+def test_a_torch_adam_the_user_set_is_kept_either_way():
+    for value in (True, False):
+        choice = choose_adam(CUDA_NO_NVCC, {**ADAMW, "torch_adam": value})
+        assert choice.params == {} and "set in the config" in choice.note
+
+
+def test_without_a_compiler_deepspeed_builds_torchs_fused_adamw():
+    choice = choose_adam(CUDA_NO_NVCC, dict(ADAMW))
+    optimizer = deepspeed_builds({**ADAMW, **choice.params})
+    assert type(optimizer) is torch.optim.AdamW
+    assert optimizer.defaults["fused"] is True
+
+
+def test_a_foreach_the_user_set_is_kept_and_fused_left_out():
+    """torch refuses fused together with foreach: the user's foreach wins."""
+    choice = choose_adam(CUDA_NO_NVCC, {**ADAMW, "foreach": True})
+    assert choice.params == {"torch_adam": True} and choice.problems == []
+    assert deepspeed_builds({**ADAMW, "foreach": True, **choice.params}).defaults["foreach"]
+
+
+@pytest.mark.parametrize("key", ["bias_correction", "set_grad_none"])
+def test_fused_adam_only_keys_are_refused_where_torch_adamw_runs(key):
+    params = {**ADAMW, key: True}
+    with pytest.raises(TypeError):  # what the run would die of, after building the model
+        deepspeed_builds({**params, **choose_adam(CUDA_NO_NVCC, params).params})
+    (problem,) = choose_adam(CUDA_NO_NVCC, params).problems
+    assert f"optimizer.params.{key} is an option of DeepSpeed's FusedAdam" in problem
+    assert f"remove {key}" in problem
+    assert choose_adam(AdamFacts("cuda", prebuilt=True), params).problems == []
+
+
+def test_fused_with_foreach_or_without_torch_adam_is_refused():
+    both = choose_adam(AdamFacts("cpu"), {**ADAMW, "fused": True, "foreach": True}).problems
+    assert len(both) == 1 and "fused and optimizer.params.foreach are both true" in both[0]
+    with pytest.raises(RuntimeError, match="cannot be `True` together"):
+        deepspeed_builds({**ADAMW, "torch_adam": True, "fused": True, "foreach": True})
+    alone = choose_adam(AdamFacts("cuda", prebuilt=True), {**ADAMW, "fused": True}).problems
+    assert len(alone) == 1 and 'add "torch_adam": true' in alone[0]
+
+
+def test_nvcc_must_match_torchs_cuda_minor_version():
+    assert same_minor("13.0", "13.0") and same_minor("12.4", "12.4.1")
+    assert not same_minor("12.8", "13.0") and not same_minor("12.4", "12.6")
+
+
+def test_this_machine_and_the_resolved_presets_say_which_adam_runs():
+    """The live facts here (CPU ranks), and the note and params a preset resolves to: what the
+    start-up report prints."""
+    assert adam_facts(offload=False) == AdamFacts("cpu")
+    resolved = resolve_ds_config(
+        load_ds_config(preset_path("ds_configs/zero2.json")),
+        RunSettings(world_size=1, max_iters=4, micro_batch_size=2, precision="fp32"),
+    )
+    assert resolved.config["optimizer"]["params"]["torch_adam"] is True
+    assert any(n.startswith("optimizer: torch AdamW (CPU ranks") for n in resolved.notes)
+    raw = load_ds_config(preset_path("ds_configs/zero2.json"))
+    raw["optimizer"]["params"]["bias_correction"] = True
+    with pytest.raises(ConfigError, match="optimizer.params.bias_correction is an option"):
+        resolve_ds_config(
+            raw, RunSettings(world_size=1, max_iters=4, micro_batch_size=2, precision="fp32")
+        )
