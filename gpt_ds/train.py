@@ -86,10 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         dist.shutdown()
 
 
+# How long a rank that leaves the message to its node's local rank 0 waits before it exits.
+# DeepSpeed's launcher polls its ranks about once a second and SIGKILLs the rest when one exits
+# non-zero: a rank exiting at once could kill a slower-starting local rank 0 before it printed.
+# Local rank 0's own exit ends the launch; the wait only matters where that never happens.
+REFUSAL_WAIT_S = 20.0
+
+
 def refuse(exc: GptDsError) -> int:
-    """Exit 2 for a problem found identically on every rank: rank 0 says it, once."""
-    if dist.rank() == 0:
+    """Exit 2 for a problem found identically on every rank, before any process group exists:
+    each node's local rank 0 says it; the other ranks wait for it to, then exit too."""
+    if dist.local_rank() == 0:
         print(f"error: {exc}", file=sys.stderr, flush=True)
+    elif dist.world_size() > 1:
+        time.sleep(REFUSAL_WAIT_S)
     return 2
 
 
