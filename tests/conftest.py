@@ -25,6 +25,35 @@ from helpers.launch import (  # noqa: E402
 )
 
 
+def selects_gpu_tests(markexpr: str) -> bool:
+    """`pytest -m gpu` (or an expression naming gpu, not "not gpu"): the run meant for GPUs."""
+    return "gpu" in markexpr and "not gpu" not in markexpr
+
+
+def pytest_configure(config):
+    """Every run but the GPU subset trains on CPU ranks, on any machine: the suite's numbers
+    (gloo, CPU kernels, the CPU RNG of ZeRO-3's partitioned build) and its 2-rank launches
+    assume them. Set before any test imports DeepSpeed or initialises CUDA; launched ranks
+    inherit it (helpers/launch.py copies this environment)."""
+    if not selects_gpu_tests(config.option.markexpr or ""):
+        os.environ.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run only in `pytest -m gpu` on a machine with a GPU; said with the reason."""
+    import torch
+
+    if not selects_gpu_tests(config.option.markexpr or ""):
+        reason = "GPU test: run `pytest -m gpu` on a GPU machine (other runs use CPU ranks)"
+    elif not torch.cuda.is_available():
+        reason = "no GPU here: torch.cuda.is_available() is False"
+    else:
+        return
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
 @pytest.fixture(scope="session")
 def shakespeare_dir(tmp_path_factory) -> Path:
     """The embedded Tiny Shakespeare corpus, tokenized once per test session."""

@@ -228,16 +228,17 @@ def test_a_resumed_run_keeps_the_checkpoints_vocabulary():
     assert checkpoint_vocab(run, other) == run
 
 
-def test_fp16_gradients_under_a_loss_scale_are_as_close_as_the_full_logits_paths():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fp16_gradients_under_a_loss_scale_are_as_close_as_the_full_logits_paths(device):
     """fp16 with DeepSpeed's dynamic loss scale (65536 at the start): the scale-free gradient
     (softmax - one-hot) / tokens, ~1e-8 for most of the vocabulary at 2,048 tokens, must never
     exist in fp16 (it flushes to zero there: 2% off before the fix). Both gradients, unscaled,
     against an fp64 reference: no further off than autograd's full-logits fp16 path."""
     torch.manual_seed(0)
     tokens, vocab, width, scale = 2048, 50257, 32, 65536.0
-    hidden = torch.randn(tokens, width, dtype=torch.float64)
-    weight = torch.randn(vocab, width, dtype=torch.float64) * 0.02
-    labels = torch.randint(0, vocab, (tokens,))
+    hidden = torch.randn(tokens, width, dtype=torch.float64).to(device)
+    weight = (torch.randn(vocab, width, dtype=torch.float64) * 0.02).to(device)
+    labels = torch.randint(0, vocab, (tokens,)).to(device)
 
     def gradients(loss_fn, dtype: torch.dtype, loss_scale: float):
         h = hidden.to(dtype, copy=True).requires_grad_()

@@ -11,10 +11,13 @@ from gpt_ds.model import build_model, padded_vocab, resolve_shape
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("stage", [2, 3])
-def test_initial_weights_equal_a_one_process_build(stage, shakespeare_dir, tmp_path):
+def test_initial_weights_equal_a_one_process_build(stage, device, shakespeare_dir, tmp_path):
     """One step at lr 1e-30 keeps the initial weights (a change below fp32's resolution, but
-    for zero biases, which move by ~1e-30): the `final` checkpoint holds them."""
+    for zero biases, which move by ~1e-30): the `final` checkpoint holds them. On a GPU the
+    partitioned build draws from the CUDA RNG (2 CPU ranks / 1 GPU rank), so the one-process
+    reference is built on that device too."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     out = tmp_path / "run"
@@ -28,11 +31,12 @@ def test_initial_weights_equal_a_one_process_build(stage, shakespeare_dir, tmp_p
         lr=1e-30,
         warmup_iters=0,
     )
-    run_deepspeed(args, num_gpus=2)
+    run_deepspeed(args, num_gpus=2 if device == "cpu" else 1)
     saved = get_fp32_state_dict_from_zero_checkpoint(str(out), tag="final")
-    torch.manual_seed(1337)  # tiny_run_args' seed
-    reference = build_model(padded_vocab(resolve_shape("gpt2-tiny", block_size=64), 64))
-    expected = reference.state_dict()
+    torch.manual_seed(1337)  # tiny_run_args' seed (seeds the CUDA generator too)
+    with torch.device(device):
+        reference = build_model(padded_vocab(resolve_shape("gpt2-tiny", block_size=64), 64))
+    expected = {name: t.cpu() for name, t in reference.state_dict().items()}
     assert set(saved) <= set(expected) and len(saved) >= 4 * 12, sorted(saved)
     for name, tensor in saved.items():
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-20, msg=name)

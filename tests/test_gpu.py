@@ -1,0 +1,70 @@
+"""The GPU subset (`pytest -m gpu` on a GPU machine; skipped elsewhere): what a new user with
+one GPU and a pip-installed torch runs first. One rank, the default preset and `--precision
+auto` (bf16 on Ampere and newer, fp16 with loss scaling on V100/T4): it trains, says which
+optimizer runs and why, resumes, and exports weights equal to DeepSpeed's own converter's.
+The fp16 chunked-loss gradients and the ZeRO-3 build's CUDA-RNG weights are GPU variants of
+tests in test_chunked_loss.py and test_zero3_build.py.
+
+None of these has run here (no GPU in CI); the CPU suite proves the same paths on CPU ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args
+from helpers.runs import consolidated_model, train_losses
+
+from gpt_ds.optimizer_choice import adam_facts, choose_adam
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+K = 6  # iterations before the resume; 2K in all
+
+
+def gpu_args(data_dir, out, **overrides) -> list[str]:
+    """tiny_run_args on the GPU's own precision (auto), dropout off."""
+    return tiny_run_args(
+        data_dir, out, precision="auto", eval_interval=K, max_iters=2 * K, **overrides
+    )
+
+
+@pytest.fixture(scope="module")
+def gpu_run(shakespeare_dir, tmp_path_factory):
+    """(out_dir, stdout) of one uninterrupted 1-GPU run of 2K iterations."""
+    out = tmp_path_factory.mktemp("gpu") / "full"
+    return out, run_deepspeed(gpu_args(shakespeare_dir, out), num_gpus=1).stdout
+
+
+def test_one_gpu_trains_with_the_defaults_and_says_which_optimizer(gpu_run):
+    out, stdout = gpu_run
+    assert "rank 0/1" in stdout
+    losses = train_losses(out)
+    assert sorted(losses) == list(range(1, 2 * K + 1))
+    assert losses[2 * K] < losses[1]
+    # the choice this machine makes (FusedAdam where nvcc or a prebuilt op allows, else
+    # torch's fused AdamW), as the start-up report states it
+    assert choose_adam(adam_facts(offload=False), {}).note in stdout
+
+
+def test_a_resumed_gpu_run_follows_the_uninterrupted_one(gpu_run, shakespeare_dir, tmp_path):
+    """GPU kernels (atomics in the embedding backward) are not bit-reproducible: the losses
+    after the resume agree to float noise, not bit for bit as on CPU."""
+    full, _ = gpu_run
+    split = tmp_path / "split"
+    run_deepspeed(gpu_args(shakespeare_dir, split, max_iters=K), num_gpus=1)
+    proc = run_deepspeed(gpu_args(shakespeare_dir, split, resume=True), num_gpus=1)
+    assert f"resumed from {split}/final at iteration {K}" in proc.stdout
+    a, b = train_losses(full), train_losses(split)
+    for i in range(1, 2 * K + 1):
+        assert b[i] == pytest.approx(a[i], rel=1e-2), i
+
+
+def test_the_export_of_a_gpu_run_equals_deepspeeds_converter(gpu_run, tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    out, _ = gpu_run
+    hf = tmp_path / "hf"
+    run_python([str(REPO / "tools" / "zero_to_fp32.py"), str(out), "--output", str(hf)])
+    exported = GPT2LMHeadModel.from_pretrained(hf).state_dict()
+    reference = consolidated_model(out, "final").state_dict()
+    for name, tensor in reference.items():
+        assert torch.equal(exported[name], tensor), name
