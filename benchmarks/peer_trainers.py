@@ -2,7 +2,7 @@
 
     deepspeed --num_gpus 2 benchmarks/peer_trainers.py --trainer hf --ds_config RESOLVED.json ...
 
-- `hf`: the Hugging Face `Trainer` (needs `accelerate`: `pip install '.[bench]'`), given the
+- `hf`: the Hugging Face `Trainer` (needs `accelerate`, a runtime dependency), given the
   same DeepSpeed config with its optimizer settings repeated in `TrainingArguments` (the
   Trainer refuses a config that disagrees with them) and its own scheduler;
 - `bare`: a bare loop around `deepspeed.initialize` with the same config: the least any

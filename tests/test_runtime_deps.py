@@ -1,0 +1,120 @@
+"""Every main path runs with the runtime dependencies alone, at their declared floors.
+
+`launchers/setup_env.sh` installs every extra, so the rest of the suite cannot see a missing
+runtime dependency (the ZeRO-3 fine-tuning recipe needed `accelerate`, declared only in an
+extra) or a floor nothing proves (`transformers>=4.45` lacked what every ZeRO-3 build uses).
+Here a fresh venv gets `pip install -e .` (no extras) with each dependency pinned to the floor
+pyproject.toml declares, and each main path runs once from it: prepare, train under ZeRO-1/2/3,
+resume, `--init_from` a small pretrained GPT-2 under ZeRO-3, export, sample, the picker.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.launch import REPO, TRAIN, launch_env, tiny_run_args
+
+pytestmark = pytest.mark.slow
+
+EXTRAS_ABSENT = ("pytest", "tensorboard", "wandb", "matplotlib", "datasets", "pyarrow")
+
+
+def declared_floors() -> list[str]:
+    """`name==floor` for each runtime dependency of pyproject.toml (`name>=floor,...`)."""
+    text = (REPO / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[\n(.*?)^\]", text, re.S | re.M)
+    assert block, "pyproject.toml: no dependencies = [...] block"
+    deps = re.findall(r'^\s*"([^"]+)",', block[1], re.M)
+    pins = []
+    for dep in deps:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9.]+)(,.*)?", dep)
+        assert match, f"pyproject.toml: {dep!r} declares no floor (name>=X)"
+        pins.append(f"{match[1]}=={match[2]}")
+    return pins
+
+
+def run(cmd: list, env: dict[str, str], timeout: float = 600) -> str:
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, (
+        f"rc={proc.returncode}: {' '.join(map(str, cmd))}\n"
+        f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    )
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def floor_venv(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """(venv, environment) of `pip install -e .` with every runtime dependency at its floor."""
+    venv = tmp_path_factory.mktemp("floor") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pins = tmp_path_factory.getbasetemp() / "floors.txt"
+    pins.write_text("\n".join(declared_floors()) + "\n")
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet"]
+    env = launch_env()
+    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
+    env["TORCH_EXTENSIONS_DIR"] = str(venv / "torch_extensions")  # its own DeepSpeed sources
+    env.pop("PYTHONPATH", None)
+    run([*pip, "-c", pins, "-e", REPO], env, timeout=900)
+    return venv, env
+
+
+def test_the_venv_holds_the_floors_and_no_extra(floor_venv):
+    venv, env = floor_venv
+    listed = run([venv / "bin" / "python", "-m", "pip", "list", "--format=freeze"], env).lower()
+    for pin in declared_floors():
+        name, version = pin.lower().split("==")
+        found = re.search(rf"^{re.escape(name).replace('_', '[-_]')}==([^\n]+)$", listed, re.M)
+        assert found and found[1].startswith(version), f"{pin}: {found and found[0]}"
+    probe = "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])"
+    assert run([venv / "bin" / "python", "-c", probe, *EXTRAS_ABSENT], env).strip() == "[]"
+
+
+def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
+    venv, env = floor_venv
+    python, deepspeed = venv / "bin" / "python", venv / "bin" / "deepspeed"
+    data, hf = tmp_path / "data", tmp_path / "hf"
+    run([venv / "bin" / "gpt-ds-prepare", "--out_dir", data], env)
+
+    def train(out: Path, **flags) -> str:
+        args = tiny_run_args(data, out, eval_interval=0, eval_iters=1, warmup_iters=0, **flags)
+        return run([deepspeed, "--num_gpus", "1", TRAIN, *args], env)
+
+    for stage in (1, 3):
+        train(
+            tmp_path / f"zero{stage}", deepspeed_config=f"ds_configs/zero{stage}.json", max_iters=2
+        )
+    run_dir = tmp_path / "zero2"
+    train(run_dir, max_iters=2)
+    assert f"resumed from {run_dir}/final at iteration 2" in train(
+        run_dir, max_iters=3, resume=True
+    )
+
+    pretrained = tmp_path / "pretrained"
+    make = (
+        "import sys, torch; from transformers import GPT2Config, GPT2LMHeadModel; "
+        "torch.manual_seed(0); GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, "
+        "n_positions=64)).save_pretrained(sys.argv[1])"
+    )
+    run([python, "-c", make, pretrained], env)
+    tuned = train(
+        tmp_path / "tuned",
+        deepspeed_config="ds_configs/zero3.json",
+        model=None,
+        init_from=pretrained,
+        max_iters=2,
+    )
+    assert "2 layers, 2 heads, 64 wide, block 64" in tuned
+
+    run([venv / "bin" / "gpt-ds-export", run_dir, "--output", hf], env)
+    said = run([venv / "bin" / "gpt-ds-sample", "--model", hf, "--prompt", "ROMEO:"]
+               + ["--max_new_tokens", "5", "--seed", "1"], env)  # fmt: skip
+    assert "ROMEO:" in said
+    hardware = ["--gpus_per_node", "1", "--gpu_memory_gb", "24", "--global_batch_size", "8"]
+    picked = run([venv / "bin" / "gpt-ds-pick-preset", "--model", "gpt2", *hardware], env)
+    assert "zero" in picked
