@@ -8,7 +8,9 @@ use there (the launcher's own path, as the pdsh runner does) and the environment
   ssh        reachable without a password
   project    the project directory exists at the same path, with the same code and configs
   python     same Python version          torch / deepspeed   same versions as here
-  devices    GPUs torch sees (or 0/cpu), enough for the hostfile's slots (or --expected_devices)
+  devices    GPUs torch sees (or 0/cpu), enough for the hostfile's slots (or --expected_devices),
+             and usable: the driver new enough for torch's CUDA, kernels for every card's
+             architecture, DeepSpeed on the GPUs (not silently on CPU): gpt_ds.gpu_support
   master     a TCP connection to the master address works from there (see MasterListener)
   disk       free space and write access at the checkpoint directory
 
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from gpt_ds.cli import option
 from gpt_ds.errors import ConfigError, GptDsError
+from gpt_ds.gpu_support import parse_probe_facts, probe_source
 from gpt_ds.hostfile import HostEntry, read_hostfile
 from gpt_ds.preflight_checks import (
     CHECKS,
@@ -40,6 +43,7 @@ from gpt_ds.preflight_checks import (
     code_check,
     devices_check,
     disk_check,
+    gpu_check,
     master_check,
     ssh_failure,
     version_check,
@@ -124,7 +128,8 @@ def judge_host(
     checks["project"] = code_check(remote, local, opts.project_dir, host)
     for name in ("python", "torch", "deepspeed"):
         checks[name] = version_check(name, remote, local, host, opts.python)
-    checks["devices"] = devices_check(remote, local, entry.slots, opts.expected_devices, host)
+    devices = devices_check(remote, local, entry.slots, opts.expected_devices, host)
+    checks["devices"] = gpu_check(devices, parse_probe_facts(run.stdout))
     checks["master"] = master_check(remote, listener, host)
     ckpt = _abs_checkpoint_dir(opts)
     checks["disk"] = disk_check(remote, opts.min_free_gb, ckpt, host)
@@ -199,7 +204,7 @@ def run_preflight(opts: PreflightOptions, env: dict[str, str] | None = None) -> 
     master_addr = opts.master_addr or ("127.0.0.1" if opts.local else entries[0].host)
     listen = not (opts.local and opts.node_rank > 0)
     with MasterListener(master_addr, opts.master_port, listen) as listener:
-        script = probe_script(_probe_request(opts, master_addr))
+        script = probe_script(_probe_request(opts, master_addr)) + probe_source()
         shell = remote_command(opts.python, exports)
         here, runs = _probe_all(opts, [] if opts.local else entries, script, shell, env)
         local = parse_probe_output(here.stdout)

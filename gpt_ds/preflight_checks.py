@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from gpt_ds.gpu_support import GpuFacts, gpu_problems
 from gpt_ds.preflight_probe import MasterListener
 
 CHECKS = ("ssh", "project", "python", "torch", "deepspeed", "devices", "master", "disk")
@@ -152,6 +153,17 @@ def devices_check(remote: dict, local: dict, slots: int, expected: int | None, h
             "or use --include/--exclude",
         )
     return Check(True, text)
+
+
+def gpu_check(devices: Check, facts: GpuFacts | None) -> Check:
+    """The devices cell, failed when the node's GPUs cannot be trained on as they are: a driver
+    too old for torch's CUDA, a card the wheel has no kernels for, DeepSpeed falling back to
+    CPU (gpt_ds.gpu_support). Facts the probe could not gather leave the cell as it was."""
+    problems = gpu_problems(facts) if facts is not None and devices.ok is not False else []
+    if not problems:
+        return devices
+    text = "GPU unusable" if facts.cuda_available else "GPU unseen"
+    return Check(False, text, "; and ".join(problems))
 
 
 def master_check(remote: dict, listener: MasterListener, host: str) -> Check:

@@ -46,9 +46,10 @@ from gpt_ds.config import RunConfig, parse_args, run_settings, validate
 from gpt_ds.ds_config import resolve_ds_config
 from gpt_ds.ds_schema import load_ds_config, preset_path
 from gpt_ds.errors import CheckpointError, GptDsError
+from gpt_ds.gpu_support import check_gpu_support
 from gpt_ds.init_source import InitSource, init_shape, resolve_init
 from gpt_ds.lr_schedule import with_schedule
-from gpt_ds.memory.guard import check_fits, device_memory_bytes, host_memory_bytes
+from gpt_ds.memory.guard import check_fits, device_memory_bytes
 from gpt_ds.mixture import load_mix
 from gpt_ds.model import (
     ModelShape,
@@ -65,6 +66,7 @@ from gpt_ds.trainer import RunPlan, Trainer
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        dist.adopt_launcher_world()  # mpirun/srun ranks: RANK, WORLD_SIZE before planning
         plan = plan_run(parse_args(argv))
     except GptDsError as exc:
         return refuse(exc)
@@ -143,6 +145,7 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     if resume is not None:
         check_same_data(resume, data.identity())
     check_writable(Path(cfg.out_dir))
+    check_gpu_support(dist.local_rank())  # first: with a GPU unseen the guard would judge CPU
     estimate = memory_estimate(
         shape, ds, cfg.activation_checkpointing, chunked_loss=cfg.loss == "chunked"
     )
@@ -151,8 +154,7 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
             estimate,
             ranks_per_node=dist.local_world_size(),
             device_bytes=device_memory_bytes(dist.local_rank()),
-            host_bytes=host_memory_bytes(),
-        )
+        )  # host: the RAM or the cgroup limit (host_memory)
     return RunPlan(
         cfg=cfg, shape=shape, ds=ds, data=data, resume=resume, init=init, estimate=estimate
     )

@@ -18,9 +18,10 @@
 # SKIP_PREFLIGHT=1, and those of launchers/env.sh (NET_IF, USE_IB, NCCL_DEBUG, ...).
 #
 # It writes DS_ENV_FILE in the project directory: the variables remote ranks need (NCCL/RCCL,
-# gloo, OpenMP, JIT cache, PATH; see gpt_ds_write_ds_env in env.sh). DeepSpeed reads that file
-# (and ~/.deepspeed_env) and exports its lines in the remote command, because ranks started
-# over ssh do not inherit this shell's environment.
+# gloo, OpenMP, JIT cache, PATH; for LAUNCHER other than pdsh also MASTER_ADDR/MASTER_PORT,
+# which DeepSpeed's MPI and Slurm runners do not pass; see gpt_ds_write_ds_env in env.sh).
+# DeepSpeed reads that file (and ~/.deepspeed_env) and exports its lines in the remote command,
+# because ranks started over ssh do not inherit this shell's environment.
 set -euo pipefail
 # shellcheck source=launchers/env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -48,6 +49,8 @@ if [ -z "${MASTER_ADDR:-}" ]; then
         awk '{ if ($4 ~ /\//) { split($4, a, "/"); print a[1] } else print $1; exit }') || true
     MASTER_ADDR=${MASTER_ADDR:-$first}
     echo "MASTER_ADDR=$MASTER_ADDR (first host $first; set MASTER_ADDR to choose)" >&2
+    # `hostname -I` lists addresses in no promised order: docker0 or a link-local one may lead
+    gpt_ds_check_master_addr "$MASTER_ADDR" "first $query address of $first" || exit 2
 fi
 
 # ranks per node = the largest slots value, for OMP_NUM_THREADS

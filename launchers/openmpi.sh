@@ -5,8 +5,11 @@
 #   HOSTFILE=hostfile MASTER_ADDR=10.0.0.1 NET_IF=eth0 launchers/openmpi.sh \
 #       --deepspeed_config ds_configs/zero2.json --model gpt2 --data_dir /shared/data/owt ...
 #
-# Every argument goes to gpt_ds/train.py. Needs OpenMPI (`ompi_info` on PATH) on every node and
-# mpi4py in the Python environment (DeepSpeed reads ranks and the master address through it).
+# Every argument goes to gpt_ds/train.py. Needs OpenMPI (`ompi_info` on PATH) on every node;
+# not mpi4py. DeepSpeed's OpenMPI runner sets no RANK/WORLD_SIZE/MASTER_*: each rank reads its
+# rank and world from mpirun's OMPI_COMM_WORLD_* (gpt_ds/dist.py, adopt_launcher_world), and
+# MASTER_ADDR/MASTER_PORT and an expanded PATH come from .deepspeed_env (launchers/env.sh).
+# With one host in the hostfile DeepSpeed skips mpirun and launches locally.
 # DeepSpeed's OpenMPI runner supports no --include/--exclude/--num_gpus: edit the hostfile.
 # mpirun's TCP traffic is pinned to NET_IF (default: this node's default-route interface);
 # as root (Docker) --allow-run-as-root is added. MPI_ARGS adds mpirun options.

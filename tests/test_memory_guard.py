@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers.launch import tiny_run_args, train_fails
 
 from gpt_ds.errors import ConfigError
-from gpt_ds.memory import estimate_run
+from gpt_ds.memory import Hardware, estimate_run
 from gpt_ds.memory.constants import GiB
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK
-from gpt_ds.memory.guard import CPU_ONLY_RANK_BYTES, check_fits, host_memory_bytes
+from gpt_ds.memory.guard import (
+    CPU_ONLY_RANK_BYTES,
+    cgroup_memory_limit,
+    check_fits,
+    host_limit,
+    host_memory,
+    host_memory_bytes,
+)
+from gpt_ds.memory.hardware import usable_cpu_memory, usable_gpu_memory
 from gpt_ds.model import resolve_shape
 
 
@@ -42,17 +52,35 @@ def test_gpu_too_small_names_the_estimate_and_the_fixes():
         check_fits(est, ranks_per_node=2, device_bytes=small, host_bytes=64 * GiB)
     text = str(e.value)
     assert f"the estimate is {est.total / GiB:.2f} GiB per GPU" in text
-    assert f"the GPU has {small / GiB:.2f} GiB" in text
+    assert f"of this {small / GiB:.2f} GiB GPU" in text
     assert "--micro_batch_size" in text and "--ignore_memory_estimate" in text
+
+
+def test_the_guard_uses_the_pickers_usable_gpu_memory():
+    """On an 80 GiB H100 the picker plans with (80 - 1) x 0.9 = 71.1 GiB: a run estimated
+    between that and 80 GiB would die of CUDA OOM at its first step, so it is refused."""
+    assert usable_gpu_memory(80 * GiB) == Hardware(8, 1, 80.0).usable_gpu_bytes
+    assert usable_gpu_memory(80 * GiB) / GiB == pytest.approx(71.1)
+    est = estimate(4)
+    card = int((est.total - 1) / 0.9) + GiB  # its usable part is just below the estimate
+    assert usable_gpu_memory(card) < est.total < card
+    with pytest.raises(ConfigError, match=r"GiB a run may use of this .* GiB GPU \(90% of"):
+        check_fits(est, ranks_per_node=2, device_bytes=card, host_bytes=64 * GiB)
+    roomy = int(est.total / 0.9) + GiB + 16
+    assert usable_gpu_memory(roomy) >= est.total
+    check_fits(est, ranks_per_node=2, device_bytes=roomy, host_bytes=64 * GiB)
 
 
 def test_on_cpu_every_rank_counts_against_the_host():
     """Both ranks' model states and activations, each a CPU-only process (not a GPU rank's)."""
     est = estimate(4)
     need = est.cpu_bytes - 2 * (CPU_BYTES_PER_RANK - CPU_ONLY_RANK_BYTES) + 2 * est.total
-    check_fits(est, ranks_per_node=2, device_bytes=None, host_bytes=need)
-    with pytest.raises(ConfigError, match=rf"is {need / GiB:.2f} GiB per node"):
-        check_fits(est, ranks_per_node=2, device_bytes=None, host_bytes=need - 1)
+    enough = int(need / 0.9) + 16  # the host check allows 90% of the RAM, as the picker
+    assert usable_cpu_memory(enough) >= need
+    check_fits(est, ranks_per_node=2, device_bytes=None, host_bytes=enough)
+    with pytest.raises(ConfigError, match=rf"is {need / GiB:.2f} GiB per node") as e:
+        check_fits(est, ranks_per_node=2, device_bytes=None, host_bytes=need + 16)
+    assert f"90% of this machine's {(need + 16) / GiB:.2f} GiB of RAM" in str(e.value)
 
 
 def test_an_impossible_run_is_refused_before_the_process_group(shakespeare_dir, tmp_path):
@@ -64,3 +92,73 @@ def test_an_impossible_run_is_refused_before_the_process_group(shakespeare_dir, 
     err = train_fails(args)  # refused before the process group and the model
     assert "error: invalid configuration (memory estimate):" in err
     assert "rank(s) on CPU is" in err and "--ignore_memory_estimate" in err
+
+
+# --- the host's RAM: the machine's, or its cgroup's limit ------------------------------------
+
+
+def cgroup_file(root: Path, rel: str, name: str, value: str) -> None:
+    d = root / rel.lstrip("/")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_text(value + "\n")
+
+
+def test_cgroup_v2_limit_of_this_cgroup_or_a_parent(tmp_path):
+    """Slurm puts a job's limit on the job's cgroup and runs the step in a child of it."""
+    proc = "0::/system.slice/slurmstepd.scope/job_7/step_0/user/task_0\n"
+    job = "/system.slice/slurmstepd.scope/job_7"
+    cgroup_file(tmp_path, job + "/step_0/user/task_0", "memory.max", "max")
+    cgroup_file(tmp_path, job, "memory.max", str(16 * GiB))
+    cgroup_file(tmp_path, "/system.slice", "memory.max", str(64 * GiB))
+    assert cgroup_memory_limit(proc, tmp_path) == 16 * GiB
+    cgroup_file(tmp_path, job + "/step_0", "memory.max", str(8 * GiB))
+    assert cgroup_memory_limit(proc, tmp_path) == 8 * GiB  # the tightest on the way up
+
+
+def test_cgroup_max_and_missing_files_mean_no_limit(tmp_path):
+    cgroup_file(tmp_path, "/user.slice/session-1.scope", "memory.max", "max")
+    assert cgroup_memory_limit("0::/user.slice/session-1.scope\n", tmp_path) is None
+    assert cgroup_memory_limit("0::/not/mounted/here\n", tmp_path) is None
+    assert cgroup_memory_limit("", tmp_path) is None
+
+
+def test_cgroup_v2_in_a_container_namespace(tmp_path):
+    """docker -m 16g with its own cgroup namespace: `0::/`, the limit at the mount's root."""
+    cgroup_file(tmp_path, "/", "memory.max", str(16 * GiB))
+    assert cgroup_memory_limit("0::/\n", tmp_path) == 16 * GiB
+    # a path the mount does not show (the host's view of it): walked up to the mount's root
+    assert cgroup_memory_limit("0::/docker/0123abcd\n", tmp_path) == 16 * GiB
+
+
+def test_cgroup_v1_memory_controller_and_its_no_limit_value(tmp_path):
+    proc = "12:pids:/docker/abc\n4:memory:/docker/abc\n1:name=systemd:/docker/abc\n"
+    cgroup_file(tmp_path, "memory/docker/abc", "memory.limit_in_bytes", str(12 * GiB))
+    cgroup_file(tmp_path, "memory", "memory.limit_in_bytes", "9223372036854771712")
+    assert cgroup_memory_limit(proc, tmp_path) == 12 * GiB
+    cgroup_file(tmp_path, "memory/docker/abc", "memory.limit_in_bytes", "9223372036854771712")
+    assert cgroup_memory_limit(proc, tmp_path) is None
+    # a hybrid host: v2 mounted at unified/ next to v1's memory controller
+    hybrid = proc + "0::/docker/abc\n"
+    cgroup_file(tmp_path, "unified/docker/abc", "memory.max", str(6 * GiB))
+    assert cgroup_memory_limit(hybrid, tmp_path) == 6 * GiB
+
+
+def test_the_cgroup_limit_is_the_hosts_ram_and_is_named():
+    assert host_limit(64 * GiB, None) == (64 * GiB, "this machine's 64.00 GiB of RAM")
+    assert host_limit(64 * GiB, 128 * GiB).bytes == 64 * GiB
+    limited = host_limit(64 * GiB, 16 * GiB)
+    assert limited == (16 * GiB, "the cgroup limit 16.00 GiB (Slurm --mem / docker -m)")
+    est = estimate(4)
+    need = est.cpu_bytes - 2 * (CPU_BYTES_PER_RANK - CPU_ONLY_RANK_BYTES) + 2 * est.total
+    job = host_limit(64 * GiB, need)  # a job's limit: the estimate itself, not 90% of it
+    with pytest.raises(ConfigError) as e:
+        check_fits(
+            est,
+            ranks_per_node=2,
+            device_bytes=None,
+            host_bytes=job.bytes,
+            host_limit_name=job.limit,
+        )
+    assert f"may use: 90% of the cgroup limit {need / GiB:.2f} GiB (Slurm --mem" in str(e.value)
+    here = host_memory()
+    assert here.bytes == host_memory_bytes() > 0 and here.limit

@@ -18,10 +18,11 @@ from types import SimpleNamespace
 
 import pytest
 from helpers.launch import REPO, free_port, launch_env
-from helpers.sshd import Unavailable, ensure_packages, sshd_fixture
+from helpers.sshd import sshd_fixture
 
 from gpt_ds.errors import ConfigError
 from gpt_ds.hostfile import parse_hostfile_text, read_hostfile, resource_pool
+from gpt_ds.preflight import PreflightOptions, run_preflight
 from gpt_ds.preflight_checks import Check, HostReport, PreflightResult, format_report
 from gpt_ds.preflight_probe import (
     MasterListener,
@@ -178,6 +179,34 @@ def test_probe_reports_this_environment(tmp_path):
     assert got["device_count"] == 0 or got["device_kind"] in ("cuda", "rocm")
 
 
+def test_local_preflight_fails_devices_when_deepspeed_would_not_use_the_gpus(tmp_path):
+    """The GPU check rides along with the probe: DS_ACCELERATOR=cuda where torch sees no GPU
+    (a CPU torch here) fails the devices cell with the fix (gpt_ds.gpu_support's branches are
+    in tests/test_gpu_support.py)."""
+    opts = PreflightOptions(
+        local=True,
+        slots=2,
+        master_port=free_port(),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        min_free_gb=0.01,
+        timeout=120,
+    )
+    env = launch_env()
+    plain = run_preflight(opts, env=env)
+    if plain.local.get("device_count"):
+        pytest.skip("torch sees a GPU here")
+    assert plain.ok  # CPU ranks on a machine without GPUs: fine
+    result = run_preflight(opts, env=dict(env, DS_ACCELERATOR="cuda"))
+    cell = result.reports[0].checks["devices"]
+    assert not result.ok and cell.ok is False and cell.text == "GPU unseen"
+    assert "DeepSpeed's accelerator is 'cuda' (DS_ACCELERATOR=cuda) but torch sees no GPU" in (
+        cell.fix
+    )
+    assert "fix: " in format_report(result) and "devices: DeepSpeed's accelerator" in (
+        format_report(result)
+    )
+
+
 def test_master_port_in_use_is_reported():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -312,13 +341,3 @@ MY_SCRIPTS = [
     "env.sh", "single_node.sh", "multi_node.sh", "openmpi.sh", "run_node.sh", "slurm.sbatch",
     "docker/run.sh",
 ]  # fmt: skip
-
-
-def test_launchers_are_shellcheck_clean():
-    try:
-        ensure_packages({"shellcheck": "shellcheck"})
-    except Unavailable as exc:
-        pytest.skip(f"shellcheck cannot be installed here: {exc}")
-    scripts = [str(REPO / "launchers" / s) for s in MY_SCRIPTS]
-    proc = subprocess.run(["shellcheck", "-x", *scripts], cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,14 +1,29 @@
 """Refuse a run that cannot fit before any model is built: a run whose own estimate needs more
-memory than the device (or, on CPU, the host) has would otherwise swap, hang or be OOM-killed
-with no step done."""
+memory than the device (or, on CPU, the host) lets it use would otherwise swap, hang, die of CUDA
+OOM at its first step or be OOM-killed with no step done.
+
+"Lets it use" is the picker's definition (gpt_ds.memory.hardware: 90% of what the CUDA context
+leaves of a GPU, 90% of a node's RAM), so a run the picker would refuse is refused here too. A
+node's RAM is the smaller of the machine's and its cgroup's limit (Slurm --mem, docker -m): the
+kernel OOM-kills at the cgroup limit whatever the machine has.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import NamedTuple
 
 from gpt_ds.errors import ConfigError
 from gpt_ds.memory.constants import GiB
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, MemoryEstimate
+from gpt_ds.memory.hardware import (
+    CPU_USABLE_FRACTION,
+    CUDA_CONTEXT_BYTES,
+    GPU_USABLE_FRACTION,
+    usable_cpu_memory,
+    usable_gpu_memory,
+)
 
 # One CPU-only rank's process before its model (Python, torch, DeepSpeed, transformers; no
 # CUDA libraries): 0.32-0.33 GiB measured (BENCHMARKS.md "Scale", tests/test_startup_memory.py
@@ -21,10 +36,85 @@ FIXES = (
     "(the zero3 and zero2_offload presets; tools/pick_preset.py, gpt-ds-pick-preset, compares "
     "them)"
 )
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+NO_CGROUP_LIMIT = 1 << 62  # cgroup v1 writes "no limit" as LONG_MAX rounded down to a page
+
+
+class HostMemory(NamedTuple):
+    """The RAM a node's ranks share, and which limit it is (named in the guard's message)."""
+
+    bytes: int
+    limit: str
+
+
+def cgroup_paths(proc_cgroup: str) -> dict[str, str]:
+    """This process's cgroup from /proc/self/cgroup: {"v2": path} from the `0::path` line,
+    {"v1": path} from the line of v1's memory controller (`4:memory:/slurm/uid_1/job_7`)."""
+    found = {}
+    for line in proc_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            found["v2"] = path
+        elif "memory" in controllers.split(","):
+            found["v1"] = path
+    return found
+
+
+def read_limit(path: Path) -> int | None:
+    """A cgroup memory limit file's bytes; None: no file, no access, `max` or v1's no limit."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit() or int(text) >= NO_CGROUP_LIMIT:
+        return None
+    return int(text)
+
+
+def cgroup_memory_limit(proc_cgroup: str, root: Path = CGROUP_ROOT) -> int | None:
+    """The tightest memory limit on this process's cgroup or a parent (a job's limit is often
+    on the parent of its step's cgroup): v2 `memory.max` (at `root`, or `root/unified` on a
+    hybrid host), v1 `memory/.../memory.limit_in_bytes`. None: no limit set. A path the mount
+    does not show (a container's own cgroup namespace) is walked up to the mount's root."""
+    paths = cgroup_paths(proc_cgroup)
+    places = []
+    if "v2" in paths:
+        places += [(base, paths["v2"], "memory.max") for base in (root, root / "unified")]
+    if "v1" in paths:
+        places.append((root / "memory", paths["v1"], "memory.limit_in_bytes"))
+    limits = []
+    for base, path, name in places:
+        here = base / path.lstrip("/")
+        for d in [here, *here.parents]:
+            if d != base and base not in d.parents:
+                break
+            limits.append(read_limit(d / name))
+    return min((v for v in limits if v is not None), default=None)
+
+
+def host_limit(physical: int, cgroup: int | None) -> HostMemory:
+    """The node's RAM for the run: the machine's, or its cgroup's limit where that is lower."""
+    if cgroup is not None and cgroup < physical:
+        return HostMemory(
+            cgroup, f"the cgroup limit {cgroup / GiB:.2f} GiB (Slurm --mem / docker -m)"
+        )
+    return HostMemory(physical, f"this machine's {physical / GiB:.2f} GiB of RAM")
+
+
+def host_memory() -> HostMemory:
+    """This node's RAM as the kernel will enforce it: physical RAM, or the cgroup limit."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        proc_cgroup = Path("/proc/self/cgroup").read_text()
+    except OSError:  # not Linux
+        proc_cgroup = ""
+    return host_limit(physical, cgroup_memory_limit(proc_cgroup))
 
 
 def host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """host_memory()'s bytes (the smaller of the RAM and the cgroup limit)."""
+    return host_memory().bytes
 
 
 def device_memory_bytes(local_rank: int) -> int | None:
@@ -46,26 +136,42 @@ def host_bytes_needed(est: MemoryEstimate, ranks_per_node: int, *, on_cpu: bool)
 
 
 def check_fits(
-    est: MemoryEstimate, *, ranks_per_node: int, device_bytes: int | None, host_bytes: int
+    est: MemoryEstimate,
+    *,
+    ranks_per_node: int,
+    device_bytes: int | None,
+    host_bytes: int | None = None,
+    host_limit_name: str | None = None,
 ) -> None:
     """A ConfigError, with the estimate and the fixes, when the run cannot fit.
 
-    On GPUs each rank's estimate must fit its GPU and the node's CPU part its RAM; on CPU the
-    ranks' "device" memory is the host's too, so all of it must fit the host together.
+    On GPUs each rank's estimate must fit what the picker lets a run use of its GPU
+    (`usable_gpu_memory` of `device_bytes`, the card's total), and the node's CPU part 90% of
+    its RAM; on CPU the ranks' "device" memory is the host's too, so all of it must fit 90% of
+    the host together. `host_bytes`: the node's RAM (default: `host_memory()`, the machine's or
+    the cgroup's limit, named in the message; `host_limit_name` names a given one).
     """
+    host = host_memory() if host_bytes is None else host_limit(host_bytes, None)
+    if host_limit_name:
+        host = host._replace(limit=host_limit_name)
     problems = []
-    if device_bytes is not None and est.total > device_bytes:
+    if device_bytes is not None and est.total > usable_gpu_memory(device_bytes):
         problems.append(
             f"the estimate is {est.total / GiB:.2f} GiB per GPU (activations "
-            f"{est.activations / GiB:.2f} GiB), the GPU has {device_bytes / GiB:.2f} GiB"
+            f"{est.activations / GiB:.2f} GiB), more than the "
+            f"{usable_gpu_memory(device_bytes) / GiB:.2f} GiB a run may use of this "
+            f"{device_bytes / GiB:.2f} GiB GPU ({GPU_USABLE_FRACTION:.0%} of what is left after "
+            f"{CUDA_CONTEXT_BYTES / GiB:g} GiB for the CUDA context, cuBLAS and NCCL; the rest "
+            "absorbs allocator fragmentation: what tools/pick_preset.py plans with)"
         )
     host_need = host_bytes_needed(est, ranks_per_node, on_cpu=device_bytes is None)
-    if host_need > host_bytes:
+    if host_need > usable_cpu_memory(host.bytes):
         where = f"{ranks_per_node} rank(s) on CPU" if device_bytes is None else "the CPU side"
         problems.append(
             f"the estimate for {where} is {host_need / GiB:.2f} GiB per node (per rank "
-            f"{est.total / GiB:.2f} GiB, activations {est.activations / GiB:.2f} GiB), this "
-            f"machine has {host_bytes / GiB:.2f} GiB of RAM"
+            f"{est.total / GiB:.2f} GiB, activations {est.activations / GiB:.2f} GiB), more than "
+            f"the {usable_cpu_memory(host.bytes) / GiB:.2f} GiB a run may use: "
+            f"{CPU_USABLE_FRACTION:.0%} of {host.limit}"
         )
     if problems:
         problems.append(f"fix: {FIXES}; or pass --ignore_memory_estimate to start anyway")

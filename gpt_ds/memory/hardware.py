@@ -12,6 +12,18 @@ CUDA_CONTEXT_BYTES = 1 * GiB
 GPU_USABLE_FRACTION = 0.90
 CPU_USABLE_FRACTION = 0.90  # leave 10% of each node's RAM to the OS, page cache, data loader
 
+
+def usable_gpu_memory(total_bytes: float) -> int:
+    """What a run may fill of a GPU of `total_bytes`: 90% of what the CUDA context leaves. The
+    picker plans with it and the trainer's memory guard refuses above it (one definition)."""
+    return int((total_bytes - CUDA_CONTEXT_BYTES) * GPU_USABLE_FRACTION)
+
+
+def usable_cpu_memory(total_bytes: float) -> int:
+    """What a run may fill of a node's RAM (or its cgroup limit): 90%, as for the GPU."""
+    return int(total_bytes * CPU_USABLE_FRACTION)
+
+
 # Links (for ranking only; override on the command line).
 DEFAULT_NETWORK_GBPS = 100.0  # inter-node, per node (100 Gbit Ethernet / EDR InfiniBand)
 DEFAULT_INTRA_NODE_GBPS = 800.0  # per GPU, NVLink class; a PCIe-only server gets ~150
@@ -40,14 +52,14 @@ class Hardware:
     @property
     def usable_gpu_bytes(self) -> int:
         """What a plan may fill on each GPU: 90% of what the CUDA context leaves."""
-        return int((self.gpu_memory_gb * GiB - CUDA_CONTEXT_BYTES) * GPU_USABLE_FRACTION)
+        return usable_gpu_memory(self.gpu_memory_gb * GiB)
 
     @property
     def usable_cpu_bytes(self) -> int | None:
         """What a plan may fill of each node's RAM (None: not given, not checked)."""
         if self.cpu_memory_gb is None:
             return None
-        return int(self.cpu_memory_gb * GiB * CPU_USABLE_FRACTION)
+        return usable_cpu_memory(self.cpu_memory_gb * GiB)
 
     @property
     def network(self) -> float:
