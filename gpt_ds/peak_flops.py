@@ -2,7 +2,10 @@
 
 Keyed by the exact model in the name the driver reports (`torch.cuda.get_device_name()`), so a
 PCIe card does not get its SXM sibling's figure and "L40" never matches "L40S". Figures are
-the vendors' dense BF16/FP16 tensor-core peaks (no structured sparsity), in TFLOP/s per GPU.
+the vendors' dense matrix peaks (no structured sparsity) in the precision a run trains there:
+bf16 where the card has it natively (`precision.gpu_precision` picks bf16 there), fp16 on
+V100 / T4-class cards (which train fp16). In TFLOP/s per device torch sees: an MI250X/MI250
+package is two GCDs, each its own device and rank, so those rows are half the package figure.
 An unknown device gives None and the trainer says so once (`--peak_tflops` sets it).
 """
 
@@ -13,7 +16,9 @@ import re
 import torch
 
 # (model, pattern over the upper-cased device name, dense TFLOP/s); first match wins, so each
-# variant comes before its family's plain name. Sources: NVIDIA and AMD datasheets.
+# variant comes before its family's plain name. Sources: NVIDIA and AMD datasheets; AMD's
+# rows are its published "Peak FP16/BF16 (dense) matrix" TFLOPs (amd.com product spec pages),
+# which are CUs x matrix FLOP/clock/CU x peak engine clock, as the comments recompute.
 PEAK_TFLOPS: tuple[tuple[str, str, float], ...] = (
     ("GB200", r"\bGB200\b", 2500.0),
     ("B200", r"\bB200\b", 2250.0),
@@ -47,10 +52,23 @@ PEAK_TFLOPS: tuple[tuple[str, str, float], ...] = (
     ("MI325X", r"\bMI325X\b", 1307.4),
     ("MI300X", r"\bMI300X\b", 1307.4),
     ("MI300A", r"\bMI300A\b", 980.6),
-    ("MI250X", r"\bMI250X\b", 383.0),
-    ("MI250", r"\bMI250\b", 362.1),
-    ("MI210", r"\bMI210\b", 181.0),
-    ("MI100", r"\bMI100\b", 184.6),
+    # MI250X / MI250: AMD lists 383.0 / 362.1 TFLOPs bf16 for the OAM package, 2 GCDs (220 /
+    # 208 CUs x 1024 x 1.7 GHz); torch shows each GCD as a device, run by one rank. The name
+    # ROCm reports for both is often "AMD Instinct MI250X/MI250": MI250X's figure then.
+    ("MI250X (1 GCD)", r"\bMI250X\b", 191.5),
+    ("MI250 (1 GCD)", r"\bMI250\b", 181.0),
+    ("MI210", r"\bMI210\b", 181.0),  # one GCD, 104 CUs x 1024 x 1.7 GHz
+    # MI100: 184.6 TFLOPs is its fp16 peak; bf16 (what ROCm runs train) is half: 92.3
+    ("MI100", r"\bMI100\b", 92.3),
+    # Radeon, RDNA4: AI PRO R9700, 64 CUs x 1024 x 2.92 GHz = 191 TFLOPs fp16/bf16 dense
+    # (AMD: 191 dense, 383 with sparsity)
+    ("Radeon AI PRO R9700", r"\bR9700\b", 191.0),
+    # Radeon, RDNA3 (WMMA, bf16 at the fp16 rate, 512 FLOP/clock/CU): AMD's peak fp16 figures
+    # 7900 XTX 96 CUs x 2.5 GHz = 122.8, XT 84 x 2.4 = 103 (as AMD rounds it), GRE 80 x 2.245
+    # = 91.96
+    ("RX 7900 XTX", r"\bRX 7900 XTX\b", 122.8),
+    ("RX 7900 XT", r"\bRX 7900 XT\b", 103.0),
+    ("RX 7900 GRE", r"\bRX 7900 GRE\b", 91.96),
 )
 
 
@@ -82,4 +100,4 @@ def resolve_peak(override_tflops: float | None) -> tuple[float | None, str]:
             "--peak_tflops N (TFLOP/s per GPU)"
         )
     model, tflops = found
-    return tflops * 1e12, f"MFU against {tflops:g} TFLOP/s dense bf16 ({model}, from {name!r})"
+    return tflops * 1e12, f"MFU against {tflops:g} TFLOP/s dense 16-bit ({model}, from {name!r})"

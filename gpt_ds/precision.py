@@ -1,6 +1,7 @@
 """Which precision a run gets where the user said `auto`: bf16 where the hardware has it,
-fp16 on older GPUs, else fp32 (decided from the accelerator, or /proc/cpuinfo on CPU); and
-whether the precision a run asks for can train here at all (fp16 on a CPU mostly cannot).
+fp16 on older GPUs DeepSpeed trains fp16 on (V100, T4), else fp32 (decided from the
+accelerator, or /proc/cpuinfo on CPU); and whether the precision a run asks for can train here
+at all (fp16 on a CPU mostly cannot, nor on a GPU of compute capability below 7.0).
 
 The decisions are pure functions of what the hardware reports (`gpu_precision`,
 `cpu_precision`, `fp16_refusal`), so they are tested for GPUs this machine does not have; the
@@ -35,7 +36,8 @@ def detect_precision() -> tuple[str, str]:
         kind = "ROCm" if torch.version.hip else "CUDA"
         # The default including_emulation=True answers True on a V100, where bf16 is emulated.
         native = torch.cuda.is_bf16_supported(including_emulation=False)
-        return gpu_precision(kind, torch.cuda.get_device_name(), native)
+        capability = torch.cuda.get_device_capability()
+        return gpu_precision(kind, torch.cuda.get_device_name(), native, capability)
     if accelerator.is_bf16_supported():
         return "bf16", f"{device} accelerator supports bf16"
     if accelerator.is_fp16_supported():
@@ -43,12 +45,22 @@ def detect_precision() -> tuple[str, str]:
     return "fp32", f"{device} accelerator supports neither bf16 nor fp16"
 
 
-def gpu_precision(kind: str, name: str, native_bf16: bool) -> tuple[str, str]:
-    """Precision for a CUDA or ROCm device (`kind`) named `name`: bf16 where it computes bf16
-    natively (Ampere and newer, every ROCm GPU torch supports), else fp16 with DeepSpeed's
-    dynamic loss scaling (V100, T4: bf16 would be emulated, several times slower)."""
+def gpu_precision(
+    kind: str, name: str, native_bf16: bool, capability: tuple[int, int]
+) -> tuple[str, str]:
+    """Precision for a CUDA or ROCm device (`kind`) named `name` of compute `capability`:
+    bf16 where it computes bf16 natively (Ampere and newer, every ROCm GPU torch supports), else
+    fp16 with DeepSpeed's dynamic loss scaling (V100, T4: bf16 would be emulated, several times
+    slower), except where DeepSpeed's CUDA accelerator refuses fp16 (capability < 7.0: P100,
+    GTX 10xx), which trains fp32: picking fp16 there would only fail later, in DeepSpeed."""
     if native_bf16:
         return "bf16", f"{kind} device {name} supports bf16"
+    if cuda_fp16_refusal(kind, capability) is not None:
+        major, minor = capability
+        return "fp32", (
+            f"{kind} device {name} (compute capability {major}.{minor}) has no native bf16, and "
+            "DeepSpeed refuses fp16 below compute capability 7.0"
+        )
     return "fp16", f"{kind} device {name} has no native bf16; fp16 with dynamic loss scaling"
 
 
@@ -81,14 +93,40 @@ def cpu_precision(cpuinfo: str | None) -> tuple[str, str]:
 # What the hardware refuses
 
 
-def fp16_refusal(device: str, fp16_supported: bool, cpuinfo: str | None) -> str | None:
+def cuda_fp16_refusal(kind: str, capability: tuple[int, int]) -> str | None:
+    """Why DeepSpeed's CUDA accelerator refuses fp16 on a `kind` GPU of compute `capability`
+    (None where it accepts it), with what to use instead.
+
+    `accelerator/cuda_accelerator.py` `is_fp16_supported` answers False below capability 7.0
+    (fp16 on 6.x is deprecated; DS_ALLOW_DEPRECATED_FP16=1 lets 6.x through, and that answer
+    reaches `fp16_refusal` instead), and `deepspeed.initialize` then raises "Type fp16 is not
+    supported on your device." after the model is built. ROCm GPUs report capability >= 9.
+    """
+    major, minor = capability
+    if kind != "CUDA" or major >= 7:
+        return None
+    return (
+        f"fp16 needs compute capability 7.0 or newer: DeepSpeed refuses it on this GPU (compute "
+        f"capability {major}.{minor}, e.g. P100 or GTX 10xx; it has no native bf16 either); use "
+        "--precision fp32 (on 6.x, DS_ALLOW_DEPRECATED_FP16=1 makes DeepSpeed accept fp16)"
+    )
+
+
+def fp16_refusal(
+    device: str, fp16_supported: bool, cpuinfo: str | None, capability: tuple[int, int] | None
+) -> str | None:
     """Why fp16 cannot train on `device` (None where it can), with what to use instead.
 
     DeepSpeed's CPU accelerator accepts fp16 only where oneDNN computes it (CPUs with
-    AVX512-FP16 / AMX-FP16); elsewhere `deepspeed.initialize` raises "Type fp16 is not
+    AVX512-FP16 / AMX-FP16); its CUDA one only from compute `capability` 7.0
+    (`cuda_fp16_refusal`). Elsewhere `deepspeed.initialize` raises "Type fp16 is not
     supported on your device." after the model is built. Said here before anything is built.
     """
-    if fp16_supported or device != "cpu":
+    if fp16_supported:
+        return None
+    if device == "cuda" and capability is not None:
+        return cuda_fp16_refusal("CUDA", capability)
+    if device != "cpu":
         return None
     best, why = cpu_precision(cpuinfo)
     instead = (
@@ -111,4 +149,9 @@ def precision_refusal(precision: str) -> str | None:
     accelerator = get_accelerator()
     device = accelerator.device_name()
     cpuinfo = _read_cpuinfo() if device == "cpu" else None
-    return fp16_refusal(device, bool(accelerator.is_fp16_supported()), cpuinfo)
+    capability = None
+    if device == "cuda":
+        import torch
+
+        capability = torch.cuda.get_device_capability()
+    return fp16_refusal(device, bool(accelerator.is_fp16_supported()), cpuinfo, capability)

@@ -36,7 +36,16 @@ REPO = Path(__file__).resolve().parents[1]
         ("AMD Instinct MI300X", "MI300X", 1307.4),
         ("AMD Instinct MI325X", "MI325X", 1307.4),
         ("AMD Instinct MI355X", "MI355X", 2500.0),
-        ("AMD Instinct MI250X/MI250", "MI250X", 383.0),
+        # per GCD (a rank's device), not the two-GCD package's 383.0 / 362.1
+        ("AMD Instinct MI250X/MI250", "MI250X (1 GCD)", 191.5),
+        ("AMD Instinct MI250X", "MI250X (1 GCD)", 191.5),
+        ("AMD Instinct MI250", "MI250 (1 GCD)", 181.0),
+        ("AMD Instinct MI210", "MI210", 181.0),
+        ("AMD Instinct MI100", "MI100", 92.3),  # bf16, not its 184.6 fp16 peak
+        ("AMD Radeon AI PRO R9700", "Radeon AI PRO R9700", 191.0),
+        ("AMD Radeon RX 7900 XTX", "RX 7900 XTX", 122.8),
+        ("AMD Radeon RX 7900 XT", "RX 7900 XT", 103.0),
+        ("AMD Radeon RX 7900 GRE", "RX 7900 GRE", 91.96),
     ],
 )
 def test_peak_table_matches_the_exact_model(name, model, tflops):

@@ -1,6 +1,7 @@
 """Precision decisions for hardware this machine has and has not: GPUs by their reported native
-bf16 (pure functions, no training pretended), and fp16 refused before anything is built where
-DeepSpeed's accelerator cannot train it (this CPU: a real launch)."""
+bf16 and compute capability (pure functions, no training pretended), and fp16 refused before
+anything is built where DeepSpeed's accelerator cannot train it (this CPU: a real launch; a
+compute capability 6.x GPU: the pure function)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from gpt_ds.ds_config import RunSettings, resolve_ds_config
 from gpt_ds.ds_schema import load_ds_config, preset_path
 from gpt_ds.errors import ConfigError
 from gpt_ds.metrics import read_metrics
-from gpt_ds.precision import fp16_refusal, gpu_precision, precision_refusal
+from gpt_ds.precision import cuda_fp16_refusal, fp16_refusal, gpu_precision, precision_refusal
 
 BF16_CPU = "processor: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile\n"
 OLD_CPU = "flags : fpu sse avx2 avx512f\n"
@@ -21,33 +22,63 @@ FP16_HERE = bool(get_accelerator().is_fp16_supported())
 
 
 @pytest.mark.parametrize(
-    "kind, name, native_bf16, expected",
+    "kind, name, native_bf16, capability, expected",
     [
-        ("CUDA", "Tesla V100-SXM2-32GB", False, "fp16"),
-        ("CUDA", "Tesla T4", False, "fp16"),
-        ("CUDA", "NVIDIA A100-SXM4-80GB", True, "bf16"),
-        ("CUDA", "NVIDIA H100 80GB HBM3", True, "bf16"),
-        ("ROCm", "AMD Instinct MI300X", True, "bf16"),
+        ("CUDA", "Tesla V100-SXM2-32GB", False, (7, 0), "fp16"),
+        ("CUDA", "Tesla T4", False, (7, 5), "fp16"),
+        ("CUDA", "Tesla P100-PCIE-16GB", False, (6, 0), "fp32"),
+        ("CUDA", "NVIDIA GeForce GTX 1080 Ti", False, (6, 1), "fp32"),
+        ("CUDA", "NVIDIA A100-SXM4-80GB", True, (8, 0), "bf16"),
+        ("CUDA", "NVIDIA H100 80GB HBM3", True, (9, 0), "bf16"),
+        ("ROCm", "AMD Instinct MI300X", True, (9, 4), "bf16"),
     ],
 )
-def test_gpu_precision(kind, name, native_bf16, expected):
-    precision, reason = gpu_precision(kind, name, native_bf16)
+def test_gpu_precision(kind, name, native_bf16, capability, expected):
+    precision, reason = gpu_precision(kind, name, native_bf16, capability)
     assert precision == expected
     assert reason.startswith(f"{kind} device {name} ")
     assert ("dynamic loss scaling" in reason) is (expected == "fp16")
 
 
+def test_auto_on_compute_capability_6_says_why_fp32():
+    _, reason = gpu_precision("CUDA", "Tesla P100-PCIE-16GB", False, (6, 0))
+    assert reason == (
+        "CUDA device Tesla P100-PCIE-16GB (compute capability 6.0) has no native bf16, and "
+        "DeepSpeed refuses fp16 below compute capability 7.0"
+    )
+
+
+@pytest.mark.parametrize("capability", [(6, 0), (6, 1), (5, 2)])
+def test_fp16_on_compute_capability_below_7_is_refused_with_the_fix(capability):
+    major, minor = capability
+    expected = (
+        f"fp16 needs compute capability 7.0 or newer: DeepSpeed refuses it on this GPU (compute "
+        f"capability {major}.{minor}, e.g. P100 or GTX 10xx; it has no native bf16 either); use "
+        "--precision fp32 (on 6.x, DS_ALLOW_DEPRECATED_FP16=1 makes DeepSpeed accept fp16)"
+    )
+    assert cuda_fp16_refusal("CUDA", capability) == expected
+    # what precision_refusal passes on a CUDA machine: the accelerator's answer and capability
+    assert fp16_refusal("cuda", False, None, capability) == expected
+
+
+def test_fp16_on_compute_capability_7_and_rocm_is_not_refused():
+    assert cuda_fp16_refusal("CUDA", (7, 0)) is None and cuda_fp16_refusal("CUDA", (9, 0)) is None
+    assert cuda_fp16_refusal("ROCm", (9, 4)) is None
+    # DS_ALLOW_DEPRECATED_FP16=1 on 6.x: DeepSpeed's accelerator says yes, and so do we
+    assert fp16_refusal("cuda", True, None, (6, 0)) is None
+
+
 def test_fp16_refusal_on_a_cpu_says_what_to_use_instead():
-    assert fp16_refusal("cpu", False, BF16_CPU) == (
+    assert fp16_refusal("cpu", False, BF16_CPU, None) == (
         "fp16 with dynamic loss scaling needs a GPU: DeepSpeed's CPU accelerator refuses fp16 "
         "on this machine (the CPU has no native fp16 arithmetic); use --precision bf16 (native "
         "here: CPU reports AMX-BF16) or --precision fp32"
     )
-    assert fp16_refusal("cpu", False, OLD_CPU).endswith(
+    assert fp16_refusal("cpu", False, OLD_CPU, None).endswith(
         "use --precision fp32 (this CPU has no native bf16 either)"
     )
-    assert fp16_refusal("cpu", True, OLD_CPU) is None  # oneDNN computes fp16 (AVX512-FP16)
-    assert fp16_refusal("cuda", True, None) is None
+    assert fp16_refusal("cpu", True, OLD_CPU, None) is None  # oneDNN: fp16 (AVX512-FP16)
+    assert fp16_refusal("cuda", True, None, (8, 0)) is None
 
 
 def test_only_fp16_is_checked():

