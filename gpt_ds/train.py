@@ -48,6 +48,7 @@ from gpt_ds.ds_schema import load_ds_config, preset_path
 from gpt_ds.errors import CheckpointError, GptDsError
 from gpt_ds.gpu_support import check_gpu_support
 from gpt_ds.init_source import InitSource, init_shape, resolve_init
+from gpt_ds.launcher_world import adopt_launcher_world
 from gpt_ds.lr_schedule import with_schedule
 from gpt_ds.memory.guard import check_fits, device_memory_bytes
 from gpt_ds.mixture import load_mix
@@ -66,7 +67,7 @@ from gpt_ds.trainer import RunPlan, Trainer
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        dist.adopt_launcher_world()  # mpirun/srun ranks: RANK, WORLD_SIZE before planning
+        adopt_launcher_world()  # mpirun/srun ranks: RANK, WORLD_SIZE before planning
         plan = plan_run(parse_args(argv))
     except GptDsError as exc:
         return refuse(exc)

@@ -147,3 +147,16 @@ def test_script_refusal_exits_2_with_the_message_only():
     proc = run_script("none")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "error: NUM_GPUS must be a positive number of ranks, got 'none'\n"
+
+
+def test_this_suite_trains_on_cpu_ranks_whatever_the_machine_has():
+    """conftest hides GPUs from every run but `pytest -m gpu`: the suite's numbers and its 2-rank
+    launches assume CPU ranks, and launched ranks inherit the environment."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    from helpers.launch import launch_env
+
+    env = launch_env()
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["HIP_VISIBLE_DEVICES"] == ""
+    assert env["DS_ACCELERATOR"] == "cpu"
+    assert not torch.cuda.is_available() and get_accelerator().device_name() == "cpu"

@@ -1,4 +1,4 @@
-"""gpt_ds.dist.launcher_world: ranks started by mpirun or srun (DeepSpeed's OpenMPI, MVAPICH and
+"""gpt_ds.launcher_world: ranks started by mpirun or srun (DeepSpeed's OpenMPI, MVAPICH and
 Slurm runners set no RANK/WORLD_SIZE/MASTER_*) read their world from the launcher's variables.
 
 Each variable set below is the one that launcher gives a rank (OpenMPI 4 mpirun, MVAPICH2
@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from gpt_ds import dist
-from gpt_ds.dist import LauncherWorldError, adopt_launcher_world, launcher_world
+from gpt_ds import launcher_world as lw
 from gpt_ds.errors import GptDsError
+from gpt_ds.launcher_world import LauncherWorldError, adopt_launcher_world, launcher_world
 
 MASTER = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 OPENMPI = {
@@ -47,7 +48,7 @@ SBATCH_SCRIPT = {
 def launched_by(monkeypatch, launcher_env: dict[str, str]) -> None:
     """os.environ as a rank of that launcher sees it, restored after the test (each name is set
     first so that monkeypatch restores it even where the test's code sets it, as adopt does)."""
-    for name in (*dist.LAUNCHER_VARIABLE_NAMES, "RANK", "WORLD_SIZE", "LOCAL_RANK",
+    for name in (*lw.LAUNCHER_VARIABLE_NAMES, "RANK", "WORLD_SIZE", "LOCAL_RANK",
                  "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # fmt: skip
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
@@ -184,6 +185,6 @@ def test_train_main_adopts_before_planning(monkeypatch, capsys):
 
 def test_adopted_world_is_what_the_rank_helpers_report(monkeypatch):
     launched_by(monkeypatch, {**OPENMPI, **MASTER})
-    dist.adopt_launcher_world()
+    adopt_launcher_world()
     seen = (dist.rank(), dist.world_size(), dist.local_rank(), dist.local_world_size())
     assert seen == (5, 8, 1, 4)
