@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers.launch import REPO, free_port, launch_env, remove_shm_buffers, tiny_run_args
+from helpers.launch import (
+    REPO,
+    free_port,
+    launch_env,
+    remove_shm_buffers,
+    run_checked,
+    tiny_run_args,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -38,18 +45,6 @@ SCRIPTS = [
 NOT_SOURCE = shutil.ignore_patterns(
     ".venv", ".git", "build", "*.egg-info", "__pycache__", "data", "out", ".*_cache"
 )
-
-
-def run(cmd: list, cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
-    """Run `cmd`; its stdout, or a failure showing both streams."""
-    proc = subprocess.run(
-        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, (
-        f"rc={proc.returncode}: {' '.join(map(str, cmd))}\n"
-        f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
-    )
-    return proc.stdout
 
 
 def make_venv(venv: Path) -> Path:
@@ -100,7 +95,7 @@ def installed(tmp_path_factory) -> Installed:
     # offline with this environment's setuptools; where it has none (a venv of Python 3.12+
     # gets no setuptools) pip fetches the build requirements itself
     isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
-    run([*pip, *isolation, "--no-cache-dir", str(source)], base, env)
+    run_checked([*pip, *isolation, "--no-cache-dir", str(source)], base, env)
     work = base / "work"
     work.mkdir()
     return Installed(python, work, env, source)
@@ -109,7 +104,7 @@ def installed(tmp_path_factory) -> Installed:
 def test_installed_package_is_complete_and_not_the_checkout(installed):
     python, work, env, source = installed
     code = "import gpt_ds, gpt_ds.ds_schema as s; print(gpt_ds.__file__); print(s.PRESET_DIR)"
-    package_file, preset_dir = run([python, "-c", code], work, env).split()
+    package_file, preset_dir = run_checked([python, "-c", code], work, env).split()
     package = Path(package_file).parent
     venv = python.parent.parent
     assert package.is_relative_to(venv), package
@@ -126,7 +121,7 @@ def test_installed_package_is_complete_and_not_the_checkout(installed):
 def test_preset_picker_reads_the_installed_presets(installed):
     python, work, env, _ = installed
     flags = ["--model", "gpt2", "--gpus_per_node", "4", "--gpu_memory_gb", "32"]
-    out = run(
+    out = run_checked(
         [python.parent / "gpt-ds-pick-preset", *flags, "--global_batch_size", "8", "--json"],
         work,
         env,
@@ -153,7 +148,7 @@ def test_hints_name_the_installed_commands(installed):
 def test_prepare_train_export_from_outside_the_checkout(installed):
     python, work, env, _ = installed
     venv_bin = python.parent
-    run([venv_bin / "gpt-ds-prepare", "--out_dir", "data"], work, env)
+    run_checked([venv_bin / "gpt-ds-prepare", "--out_dir", "data"], work, env)
     meta = json.loads((work / "data" / "meta.json").read_text())
     assert Path(meta["sources"][0]["path"]).name == "tinyshakespeare.txt"
     assert Path(meta["sources"][0]["path"]).is_relative_to(python.parent.parent)
@@ -164,12 +159,14 @@ def test_prepare_train_export_from_outside_the_checkout(installed):
     port = free_port()
     launcher = [python, "-m", "deepspeed.launcher.runner", "--num_gpus", "1"]
     try:
-        run([*launcher, "--master_port", port, "--module", "gpt_ds.train", *args], work, env)
+        run_checked(
+            [*launcher, "--master_port", port, "--module", "gpt_ds.train", *args], work, env
+        )
     finally:
         remove_shm_buffers("127.0.0.1", port)
     assert (work / "out" / "latest").read_text().strip() == "final"
 
-    run([venv_bin / "gpt-ds-export", "out", "--output", "hf", "--quiet"], work, env)
+    run_checked([venv_bin / "gpt-ds-export", "out", "--output", "hf", "--quiet"], work, env)
     from transformers import GPT2LMHeadModel
 
     model, info = GPT2LMHeadModel.from_pretrained(work / "hf", output_loading_info=True)
@@ -177,6 +174,6 @@ def test_prepare_train_export_from_outside_the_checkout(installed):
     assert not any(info.values()), info  # no missing, unexpected or mismatched weights
 
     sample = [venv_bin / "gpt-ds-sample", "--model", "hf", "--prompt", "ROMEO:", "--temperature"]
-    text = run([*sample, "0", "--max_new_tokens", "8"], work, env)
+    text = run_checked([*sample, "0", "--max_new_tokens", "8"], work, env)
     continuation = text.split("\n" + "-" * 40 + "\n")[0]  # up to the sample's separator line
     assert continuation.startswith("ROMEO:") and len(continuation) > len("ROMEO:")

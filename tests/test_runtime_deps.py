@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.launch import REPO, TRAIN, launch_env, tiny_run_args
+from helpers.launch import REPO, TRAIN, launch_env, run_checked, tiny_run_args
 
 pytestmark = pytest.mark.slow
 
@@ -37,17 +37,6 @@ def declared_floors() -> list[str]:
     return pins
 
 
-def run(cmd: list, env: dict[str, str], timeout: float = 600) -> str:
-    proc = subprocess.run(
-        [str(c) for c in cmd], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, (
-        f"rc={proc.returncode}: {' '.join(map(str, cmd))}\n"
-        f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
-    )
-    return proc.stdout
-
-
 @pytest.fixture(scope="module")
 def floor_venv(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """(venv, environment) of `pip install -e .` with every runtime dependency at its floor."""
@@ -60,30 +49,31 @@ def floor_venv(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     env["TORCH_EXTENSIONS_DIR"] = str(venv / "torch_extensions")  # its own DeepSpeed sources
     env.pop("PYTHONPATH", None)
-    run([*pip, "-c", pins, "-e", REPO], env, timeout=900)
+    run_checked([*pip, "-c", pins, "-e", REPO], REPO, env, timeout=900)
     return venv, env
 
 
 def test_the_venv_holds_the_floors_and_no_extra(floor_venv):
     venv, env = floor_venv
-    listed = run([venv / "bin" / "python", "-m", "pip", "list", "--format=freeze"], env).lower()
+    python = venv / "bin" / "python"
+    listed = run_checked([python, "-m", "pip", "list", "--format=freeze"], REPO, env).lower()
     for pin in declared_floors():
         name, version = pin.lower().split("==")
         found = re.search(rf"^{re.escape(name).replace('_', '[-_]')}==([^\n]+)$", listed, re.M)
         assert found and found[1].startswith(version), f"{pin}: {found and found[0]}"
     probe = "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])"
-    assert run([venv / "bin" / "python", "-c", probe, *EXTRAS_ABSENT], env).strip() == "[]"
+    assert run_checked([python, "-c", probe, *EXTRAS_ABSENT], REPO, env).strip() == "[]"
 
 
 def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
     venv, env = floor_venv
     python, deepspeed = venv / "bin" / "python", venv / "bin" / "deepspeed"
     data, hf = tmp_path / "data", tmp_path / "hf"
-    run([venv / "bin" / "gpt-ds-prepare", "--out_dir", data], env)
+    run_checked([venv / "bin" / "gpt-ds-prepare", "--out_dir", data], REPO, env)
 
     def train(out: Path, **flags) -> str:
         args = tiny_run_args(data, out, eval_interval=0, eval_iters=1, warmup_iters=0, **flags)
-        return run([deepspeed, "--num_gpus", "1", TRAIN, *args], env)
+        return run_checked([deepspeed, "--num_gpus", "1", TRAIN, *args], REPO, env)
 
     for stage in (1, 3):
         train(
@@ -101,7 +91,7 @@ def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
         "torch.manual_seed(0); GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, "
         "n_positions=64)).save_pretrained(sys.argv[1])"
     )
-    run([python, "-c", make, pretrained], env)
+    run_checked([python, "-c", make, pretrained], REPO, env)
     tuned = train(
         tmp_path / "tuned",
         deepspeed_config="ds_configs/zero3.json",
@@ -111,10 +101,11 @@ def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
     )
     assert "2 layers, 2 heads, 64 wide, block 64" in tuned
 
-    run([venv / "bin" / "gpt-ds-export", run_dir, "--output", hf], env)
-    said = run([venv / "bin" / "gpt-ds-sample", "--model", hf, "--prompt", "ROMEO:"]
-               + ["--max_new_tokens", "5", "--seed", "1"], env)  # fmt: skip
+    run_checked([venv / "bin" / "gpt-ds-export", run_dir, "--output", hf], REPO, env)
+    sample = [venv / "bin" / "gpt-ds-sample", "--model", hf, "--prompt", "ROMEO:", "--seed", "1"]
+    said = run_checked([*sample, "--max_new_tokens", "5"], REPO, env)
     assert "ROMEO:" in said
     hardware = ["--gpus_per_node", "1", "--gpu_memory_gb", "24", "--global_batch_size", "8"]
-    picked = run([venv / "bin" / "gpt-ds-pick-preset", "--model", "gpt2", *hardware], env)
+    picker = [venv / "bin" / "gpt-ds-pick-preset", "--model", "gpt2"]
+    picked = run_checked([*picker, *hardware], REPO, env)
     assert "zero" in picked

@@ -115,6 +115,18 @@ def run_python(
     return proc
 
 
+def run_checked(cmd: list, cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
+    """Run `cmd` (paths allowed) in `cwd`; its stdout, or a failure showing both streams."""
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, (
+        f"rc={proc.returncode}: {' '.join(map(str, cmd))}\n"
+        f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    )
+    return proc.stdout
+
+
 def train_fails(args: list[str]) -> str:
     """Run the trainer on one process; assert it stops in validation; return what it said."""
     proc = run_python([str(TRAIN), *args], timeout=300, check=False)
