@@ -208,3 +208,23 @@ def test_slurm_passes_cpus_per_task_to_srun(tmp_path, cpus, expected):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     options = (tmp_path / "srun.log").read_text().split()
     assert options == ["--ntasks-per-node=1", "--kill-on-bad-exit=1", *expected]
+
+
+def test_the_cuda_images_torch_builds_exist_and_match_their_base():
+    """The wheel index each Dockerfile.cuda build uses (its default, and the V100 build-args
+    its header documents) is a CUDA build this torch release publishes (torch's own table,
+    torch.cuda.PYTORCH_RELEASES_CODE_CC: 12.6, 12.9, 13.0, 13.2 for 2.13; the old cu128 is not
+    among them), with kernels for the cards it is meant for, on a base image of the same CUDA
+    major.minor (DeepSpeed's op prebuild refuses a mismatch)."""
+    import torch
+
+    text = (LAUNCHERS / "docker" / "Dockerfile.cuda").read_text()
+    default = (re.search(r"^ARG CUDA_VERSION=(\S+)", text, re.M)[1],
+               re.search(r"^ARG TORCH_CUDA=(\S+)", text, re.M)[1], {80, 90})  # fmt: skip
+    v100 = re.search(r"CUDA_VERSION=(\S+) --build-arg TORCH_CUDA=(\S+)", text)
+    releases = torch.cuda.PYTORCH_RELEASES_CODE_CC
+    for base, wheel, cards in (default, (v100[1], v100[2], {70})):
+        cuda = f"{wheel[2:-1]}.{wheel[-1]}"  # cu126 -> 12.6
+        assert cuda in releases, f"{wheel}: torch {torch.__version__} publishes {sorted(releases)}"
+        assert cards <= releases[cuda]["x86_64"], (wheel, sorted(releases[cuda]["x86_64"]))
+        assert base.split(".")[:2] == cuda.split("."), (base, wheel)
