@@ -7,8 +7,8 @@
 Each row is a real `deepspeed --num_gpus RANKS benchmarks/eval.py` launch whose ranks run the
 product's path: `Trainer.setup()` (the seeded model, `deepspeed.initialize` with the resolved
 preset, exactly as `gpt_ds/train.py` builds them) and `Trainer.evaluate`, which calls
-`gpt_ds.evaluation.evaluate` with `eval_iters x micro_batch_size` fixed windows. The model is
-freshly initialised from `--seed`, so every world size scores identical weights: the losses
+`gpt_ds.training.evaluation.evaluate` with `eval_iters x micro_batch_size` fixed windows. The
+model is freshly initialised from `--seed`, so every world size scores identical weights: the losses
 must agree to float rounding (the table gives each one's difference from 1 rank's). One
 evaluation warms up (allocations, first kernels), a barrier, then one timed evaluation.
 Ranks run with OMP_NUM_THREADS=1 (tests/helpers/launch.py) unless the row says otherwise.
@@ -61,15 +61,15 @@ def eval_worker(result: Path, run_args: list[str]) -> None:
     timed; rank 0 writes {seconds, tokens, loss} to `result`."""
     import torch
 
-    from gpt_ds import dist
-    from gpt_ds.config import parse_args, run_settings, validate
-    from gpt_ds.ds_config import resolve_ds_config
-    from gpt_ds.ds_schema import load_ds_config, preset_path
-    from gpt_ds.init_source import InitSource
-    from gpt_ds.mixture import load_mix
-    from gpt_ds.model import resolve_shape
-    from gpt_ds.report import memory_estimate
-    from gpt_ds.trainer import RunPlan, Trainer
+    from gpt_ds.base import dist
+    from gpt_ds.data.mixture import load_mix
+    from gpt_ds.dsconfig.resolve import resolve_ds_config
+    from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+    from gpt_ds.model.gpt2 import resolve_shape
+    from gpt_ds.observe.report import memory_estimate
+    from gpt_ds.run.config import parse_args, run_settings, validate
+    from gpt_ds.run.init_source import InitSource
+    from gpt_ds.training.trainer import RunPlan, Trainer
 
     cfg = parse_args(run_args)
     validate(cfg)

@@ -42,7 +42,7 @@ from bench_common import prepare_shakespeare, status_bytes, work_dir  # noqa: E4
 from helpers.launch import launch_env, run_deepspeed  # noqa: E402
 
 from gpt_ds.checkpoint import Manifest, latest_tag  # noqa: E402
-from gpt_ds.model import MODEL_PRESETS, unpadded  # noqa: E402
+from gpt_ds.model.gpt2 import MODEL_PRESETS, unpadded  # noqa: E402
 
 GPT_DS = "gpt_ds tools/zero_to_fp32.py"
 DEEPSPEED = "DeepSpeed zero_to_fp32.py"

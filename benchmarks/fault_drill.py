@@ -45,7 +45,7 @@ from helpers.faults import Launch  # noqa: E402
 from helpers.launch import run_python, tiny_run_args  # noqa: E402
 from helpers.runs import consolidated_model, train_losses, val_losses  # noqa: E402
 
-from gpt_ds.metrics import read_metrics  # noqa: E402
+from gpt_ds.observe.metrics import read_metrics  # noqa: E402
 
 # 2 layers, 128 wide: saves of 111 MB stay open long enough (~0.3 s) to be hit on purpose
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 128}

@@ -29,7 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpt_ds.data import load_token_data  # noqa: E402
+from gpt_ds.data.tokens import load_token_data  # noqa: E402
 
 
 class RandomWindows(torch.utils.data.Dataset):

@@ -8,7 +8,7 @@ Rows, each a fresh process timed from start to exit (interpreter, imports, token
 encoding, writing uint16 tokens):
 - gpt_ds: `tools/prepare_data.py --input FILE --out_dir DIR --quiet`, its defaults;
 - tiktoken, one core: read the whole file, one `encode_ordinary` call (one thread), the list
-  as a uint16 array to a file; the same GPT-2 encoding (gpt_ds.tokenizer builds tiktoken's
+  as a uint16 array to a file; the same GPT-2 encoding (gpt_ds.data.tokenizer builds tiktoken's
   `gpt2` from the packaged files, offline).
 Repetitions are interleaved (rotated order) and the median is reported. Peak RSS: the sum over
 the process and its children (gpt_ds's workers) of each one's VmHWM, polled; pages the workers
@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 from bench_common import status_bytes, work_dir  # noqa: E402
 
-from gpt_ds.tokenizer import DEFAULT_CORPUS  # noqa: E402
+from gpt_ds.data.tokenizer import DEFAULT_CORPUS  # noqa: E402
 
 TOOL = REPO / "tools" / "prepare_data.py"
 GPT_DS = "gpt_ds (tools/prepare_data.py)"
@@ -109,7 +109,7 @@ def run_tiktoken(text: Path, out: Path) -> Measured:
 
 def one_core(text: Path, out: Path) -> None:
     """The baseline, in its own process: one `encode_ordinary` call over the whole text."""
-    from gpt_ds.tokenizer import get_encoding
+    from gpt_ds.data.tokenizer import get_encoding
 
     enc = get_encoding()
     with open(text, encoding="utf-8-sig") as f:  # text mode: "\n" line ends, as gpt_ds reads

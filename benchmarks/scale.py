@@ -8,7 +8,7 @@ the memory guard's verdict.
 Each row is a real `deepspeed --num_gpus RANKS gpt_ds/train.py` launch (fp32, block 128,
 micro-batch 1, no eval, no checkpoint) with `--ignore_memory_estimate`, so that a run the
 guard refuses is measured all the same; the guard's own verdict (fits / refuses) is a column.
-The prediction is the trainer's own estimate (gpt_ds.report.memory_estimate, computed here
+The prediction is the trainer's own estimate (gpt_ds.observe.report.memory_estimate, computed here
 from the same flags): its step total plus the rank's measured baseline (its peak RSS before
 the model was built, from the trainer's start-up line). A model whose prediction times the
 ranks exceeds the RAM is not launched. `--release_off MODEL` adds a row with
@@ -40,16 +40,16 @@ from bench_common import prepare_shakespeare, status_bytes, work_dir  # noqa: E4
 from helpers.launch import VENV_BIN, free_port, launch_env, remove_shm_buffers  # noqa: E402
 from throughput import rank_pids  # noqa: E402
 
-from gpt_ds.config import parse_args as train_args  # noqa: E402
-from gpt_ds.config import run_settings  # noqa: E402
-from gpt_ds.ds_config import resolve_ds_config  # noqa: E402
-from gpt_ds.ds_schema import load_ds_config, preset_path  # noqa: E402
-from gpt_ds.errors import ConfigError  # noqa: E402
+from gpt_ds.base.errors import ConfigError  # noqa: E402
+from gpt_ds.dsconfig.resolve import resolve_ds_config  # noqa: E402
+from gpt_ds.dsconfig.schema import load_ds_config, preset_path  # noqa: E402
 from gpt_ds.memory import GiB, MemoryEstimate  # noqa: E402
 from gpt_ds.memory.guard import check_fits, device_memory_bytes, host_memory_bytes  # noqa: E402
-from gpt_ds.metrics import read_metrics  # noqa: E402
-from gpt_ds.model import MODEL_PRESETS, padded_vocab, resolve_shape  # noqa: E402
-from gpt_ds.report import memory_estimate  # noqa: E402
+from gpt_ds.model.gpt2 import MODEL_PRESETS, padded_vocab, resolve_shape  # noqa: E402
+from gpt_ds.observe.metrics import read_metrics  # noqa: E402
+from gpt_ds.observe.report import memory_estimate  # noqa: E402
+from gpt_ds.run.config import parse_args as train_args  # noqa: E402
+from gpt_ds.run.config import run_settings  # noqa: E402
 
 TRAIN = REPO / "gpt_ds" / "train.py"
 # "rank 0 3.10 (2.61) GiB": the peak after start-up and the part that came with the model

@@ -38,12 +38,12 @@ import torch  # noqa: E402
 from bench_common import prepare_shakespeare, status_bytes, work_dir  # noqa: E402
 from helpers.launch import VENV_BIN, free_port, launch_env, remove_shm_buffers  # noqa: E402
 
-from gpt_ds.config import RunSettings  # noqa: E402
-from gpt_ds.ds_config import resolve_ds_config  # noqa: E402
-from gpt_ds.ds_schema import load_ds_config, preset_path  # noqa: E402
-from gpt_ds.metrics import read_metrics  # noqa: E402
-from gpt_ds.model import MODEL_PRESETS, ModelShape, flops_per_token  # noqa: E402
-from gpt_ds.peak_flops import resolve_peak  # noqa: E402
+from gpt_ds.dsconfig.resolve import resolve_ds_config  # noqa: E402
+from gpt_ds.dsconfig.schema import load_ds_config, preset_path  # noqa: E402
+from gpt_ds.model.gpt2 import MODEL_PRESETS, ModelShape, flops_per_token  # noqa: E402
+from gpt_ds.observe.metrics import read_metrics  # noqa: E402
+from gpt_ds.observe.peak_flops import resolve_peak  # noqa: E402
+from gpt_ds.run.config import RunSettings  # noqa: E402
 
 TRAIN = REPO / "gpt_ds" / "train.py"
 PEERS = REPO / "benchmarks" / "peer_trainers.py"

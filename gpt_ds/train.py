@@ -29,7 +29,9 @@ if sys.prefix != sys.base_prefix:  # a venv: keep DeepSpeed's JIT-built ops insi
 warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", FutureWarning)
 
 # (E402 is off for this file in pyproject.toml: these imports must follow the sys.path fix)
-from gpt_ds import dist, monitoring, run_lock
+from gpt_ds.base import dist
+from gpt_ds.base.errors import CheckpointError, GptDsError
+from gpt_ds.base.launcher_world import adopt_launcher_world
 from gpt_ds.checkpoint import (
     MANIFEST,
     CheckpointRef,
@@ -42,27 +44,27 @@ from gpt_ds.checkpoint import (
     resolve,
 )
 from gpt_ds.checkpoint.batch import Batch, check_batch
-from gpt_ds.config import RunConfig, parse_args, run_settings, validate
-from gpt_ds.ds_config import resolve_ds_config
-from gpt_ds.ds_schema import load_ds_config, preset_path
-from gpt_ds.errors import CheckpointError, GptDsError
-from gpt_ds.gpu_support import check_gpu_support
-from gpt_ds.init_source import InitSource, init_shape, resolve_init
-from gpt_ds.launcher_world import adopt_launcher_world
-from gpt_ds.lr_schedule import with_schedule
+from gpt_ds.data.mixture import load_mix
+from gpt_ds.dsconfig.lr_schedule import with_schedule
+from gpt_ds.dsconfig.resolve import resolve_ds_config
+from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+from gpt_ds.launch.gpu_support import check_gpu_support
 from gpt_ds.memory.guard import check_fits, device_memory_bytes
-from gpt_ds.mixture import load_mix
-from gpt_ds.model import (
+from gpt_ds.model.gpt2 import (
     ModelShape,
     checkpoint_vocab,
     padded_vocab,
     resolve_shape,
 )
-from gpt_ds.monitoring import with_monitor_flags
-from gpt_ds.report import memory_estimate
-from gpt_ds.run_length import has_budget, with_budget
-from gpt_ds.run_lock import RunLock
-from gpt_ds.trainer import RunPlan, Trainer
+from gpt_ds.observe import monitoring
+from gpt_ds.observe.monitoring import with_monitor_flags
+from gpt_ds.observe.report import memory_estimate
+from gpt_ds.run import lock as run_lock
+from gpt_ds.run.config import RunConfig, parse_args, run_settings, validate
+from gpt_ds.run.init_source import InitSource, init_shape, resolve_init
+from gpt_ds.run.length import has_budget, with_budget
+from gpt_ds.run.lock import RunLock
+from gpt_ds.training.trainer import RunPlan, Trainer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,7 +108,7 @@ gpt_ds_local_devices() {
     fi
 }
 
-# The local launch's ranks and runner flags (gpt_ds/launch_ranks.py) for NUM_GPUS=$1 (empty:
+# The local launch's ranks and runner flags (gpt_ds/launch/ranks.py) for NUM_GPUS=$1 (empty:
 # every visible GPU, honouring CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, or 2 CPU ranks).
 # Sets GPT_DS_RANKS, GPT_DS_RUNNER_FLAGS and GPT_DS_UNSET (arrays: `deepspeed` flags, and the
 # variables to unset before it), GPT_DS_RANK_NOTE; returns 2, saying why, before any process
@@ -117,7 +117,7 @@ gpt_ds_rank_plan() {
     local plan
     # shellcheck disable=SC2034  # read by the launchers that source this file
     GPT_DS_RANKS=0 GPT_DS_RUNNER_FLAGS=() GPT_DS_UNSET=() GPT_DS_RANK_NOTE=""
-    plan=$("$PYTHON" "$GPT_DS_ROOT/gpt_ds/launch_ranks.py" "${1:-}") || return 2
+    plan=$("$PYTHON" "$GPT_DS_ROOT/gpt_ds/launch/ranks.py" "${1:-}") || return 2
     eval "$plan"
     echo "ranks: $GPT_DS_RANK_NOTE" >&2
 }
@@ -144,7 +144,7 @@ gpt_ds_threads() {
 # shell, so a `$PATH` would arrive literally (and, as DeepSpeed double-quotes any value holding
 # characters other than letters, digits and @%+=:,./-, with the quotes): the ranks then find
 # neither ninja nor `hostname`. These get this shell's PATH, expanded here. They also get
-# MASTER_ADDR and MASTER_PORT, which those runners do not pass (gpt_ds/dist.py reads rank and
+# MASTER_ADDR and MASTER_PORT, which those runners do not pass (gpt_ds/base/dist.py reads rank and
 # world from the launcher's own variables); pdsh's per-node launcher sets both itself.
 gpt_ds_write_ds_env() {
     local file=$1 name extra launcher=${LAUNCHER:-pdsh}

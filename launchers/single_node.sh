@@ -10,7 +10,7 @@
 # to DeepSpeed as --include), MASTER_PORT (default 29500; change it to run two jobs on one
 # machine), SKIP_PREFLIGHT=1, and those of launchers/env.sh (NCCL_DEBUG, OMP_NUM_THREADS, ...).
 # Runs `deepspeed <--num_gpus N | --include localhost:LIST> --master_port P gpt_ds/train.py "$@"`
-# from the project directory (gpt_ds/launch_ranks.py decides the flags).
+# from the project directory (gpt_ds/launch/ranks.py decides the flags).
 set -euo pipefail
 # shellcheck source=launchers/env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"

@@ -1,5 +1,5 @@
 """`--activation_checkpointing`, proven: each block's forward runs again in backward
-(gpt_ds.model.enable_activation_checkpointing, counted in one process) and changes no number,
+(gpt_ds.model.gpt2.enable_activation_checkpointing, counted in one process) and changes no number,
 and real 2-rank runs with it under ZeRO-1/2/3 train as the same runs without it (dropout 0,
 fp32: losses and weights equal to float rounding; helpers.compared_runs). Its memory saving is
 measured by benchmarks/activation_checkpointing.py (BENCHMARKS.md)."""
@@ -11,7 +11,7 @@ import torch
 from helpers.compared_runs import assert_losses_close, assert_weights_close
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gpt_ds.model import enable_activation_checkpointing
+from gpt_ds.model.gpt2 import enable_activation_checkpointing
 
 WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}  # test_grad_accum's too
 

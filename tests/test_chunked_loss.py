@@ -1,4 +1,4 @@
-"""gpt_ds.chunked_loss against GPT2LMHeadModel's own loss path (full logits, upcast to fp32,
+"""gpt_ds.model.chunked_loss against GPT2LMHeadModel's own loss path (full logits, upcast to fp32,
 torch's cross-entropy): same loss and same gradients of every parameter to float rounding, in
 fp32 and bf16, with uneven chunks and ignored tokens; what each keeps for backward; and real
 2-rank runs with `--loss chunked` following `--loss full` under ZeRO-2 and ZeRO-3."""
@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from helpers.launch import run_deepspeed, tiny_run_args
 from helpers.runs import train_losses, val_losses
 
-from gpt_ds.chunked_loss import IGNORE_INDEX, chunked_cross_entropy
-from gpt_ds.model import (
+from gpt_ds.data.tokenizer import get_encoding
+from gpt_ds.model.chunked_loss import IGNORE_INDEX, chunked_cross_entropy
+from gpt_ds.model.gpt2 import (
     ModelShape,
     build_model,
     checkpoint_vocab,
@@ -20,7 +21,6 @@ from gpt_ds.model import (
     padded_vocab,
     unpadded,
 )
-from gpt_ds.tokenizer import get_encoding
 
 TEXT = (
     "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First "

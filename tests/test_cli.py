@@ -1,4 +1,4 @@
-"""gpt_ds/cli.py: a dataclass becomes the command line, and the tools' exit codes."""
+"""gpt_ds/base/cli.py: a dataclass becomes the command line, and the tools' exit codes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpt_ds.cli import build_parser, option, parse, run_tool
-from gpt_ds.config import RunConfig, parse_args
-from gpt_ds.errors import ConfigError
+from gpt_ds.base.cli import build_parser, option, parse, run_tool
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.run.config import RunConfig, parse_args
 
 
 @dataclass(kw_only=True)

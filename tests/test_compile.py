@@ -8,8 +8,8 @@ import pytest
 from helpers.launch import run_deepspeed, tiny_run_args
 from helpers.runs import train_losses, val_losses
 
-from gpt_ds.compile_model import compile_blocker
-from gpt_ds.metrics import read_metrics
+from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.training.compile_model import compile_blocker
 
 
 def test_no_cpp_compiler_is_named(monkeypatch):

@@ -7,7 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
-from gpt_ds.config import build_parser
+from gpt_ds.run.config import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 

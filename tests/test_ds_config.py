@@ -11,12 +11,12 @@ import jsonschema
 import pytest
 from helpers.launch import free_port, launch_env, remove_shm_buffers, run_python
 
-from gpt_ds import ds_config
-from gpt_ds.ds_config import ResolvedDsConfig, RunSettings, resolve_ds_config
-from gpt_ds.ds_schema import PRESETS, SCHEMA_PATH, load_ds_config, preset_path
-from gpt_ds.errors import ConfigError
-from gpt_ds.optimizer_choice import adam_facts, choose_adam
-from gpt_ds.precision import cpu_precision, detect_precision
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.dsconfig import resolve as ds_config
+from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
+from gpt_ds.dsconfig.precision import cpu_precision, detect_precision
+from gpt_ds.dsconfig.resolve import ResolvedDsConfig, RunSettings, resolve_ds_config
+from gpt_ds.dsconfig.schema import PRESETS, SCHEMA_PATH, load_ds_config, preset_path
 
 STAGES = {"zero1": 1, "zero2": 2, "zero2_offload": 2, "zero3": 3, "zero3_offload": 3}
 
@@ -466,8 +466,8 @@ import torch
 from deepspeed.accelerator import get_accelerator
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gpt_ds.ds_config import RunSettings, resolve_ds_config
-from gpt_ds.ds_schema import load_ds_config, preset_path
+from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
+from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 
 failed = False
 for name in sys.argv[1:]:

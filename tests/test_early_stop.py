@@ -10,8 +10,8 @@ import pytest
 from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args
 from helpers.runs import val_losses
 
-from gpt_ds.early_stop import EarlyStop
-from gpt_ds.metrics import read_metrics
+from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.training.early_stop import EarlyStop
 
 
 def test_patience_counts_evaluations_without_a_large_enough_improvement():

@@ -20,11 +20,11 @@ import pytest
 import torch
 from helpers.launch import REPO, STAGE_RUN_ITERS, run_python
 
-from gpt_ds import export
-from gpt_ds.data import eval_windows, window_batch
-from gpt_ds.errors import CheckpointError
-from gpt_ds.metrics import read_metrics
-from gpt_ds.model import ModelShape, gpt2_config, unpadded
+from gpt_ds.base.errors import CheckpointError
+from gpt_ds.data.tokens import eval_windows, window_batch
+from gpt_ds.export import hf as export
+from gpt_ds.model.gpt2 import ModelShape, gpt2_config, unpadded
+from gpt_ds.observe.metrics import read_metrics
 
 TOOLS = REPO / "tools"
 EVAL_ITERS, MICRO_BATCH, BLOCK = 4, 4, 64  # the stage runs' (helpers.launch.tiny_run_args)
@@ -162,7 +162,7 @@ def test_export_equals_deepspeed_zero_to_fp32(stage, trained, shakespeare_dir, t
 def test_tokenizer_round_trips_like_tiktoken(hf_export):
     from transformers import AutoTokenizer
 
-    from gpt_ds.tokenizer import get_encoding
+    from gpt_ds.data.tokenizer import get_encoding
 
     tok, enc = AutoTokenizer.from_pretrained(hf_export), get_encoding()
     assert len(tok) == 50257 and tok.eos_token_id == 50256 and tok.model_max_length == BLOCK
@@ -335,7 +335,7 @@ def test_sample_from_export_and_from_checkpoint(trained, hf_export):
 
 @pytest.mark.slow
 def test_sampling_is_seeded(hf_export):
-    from gpt_ds.sampling import generate, load_model
+    from gpt_ds.export.sampling import generate, load_model
 
     model = load_model(hf_export).model
     a, b, c = (generate(model, "KING:", 16, 1.0, 50, 2, seed=s) for s in (1, 1, 2))

@@ -20,7 +20,7 @@ Measured exit codes (DeepSpeed 0.19.8, local launch, recorded in the assertions 
 - SIGTERM to the launcher: every rank saves and exits 0, the launcher exits 1 anyway
   (its handler ends in `sys.exit(1)`);
 - SIGTERM to `deepspeed` itself is not forwarded on a local launch: it dies at once (status
-  -15). The ranks watch for that (gpt_ds/stop.py): they stop as for SIGTERM, save, exit 0,
+  -15). The ranks watch for that (gpt_ds/training/stop.py): they stop as for SIGTERM, save, exit 0,
   and the orphaned launcher exits 0 after them;
 - SIGINT to the whole process group (Ctrl-C): ranks save and exit 0; `deepspeed` dies of the
   KeyboardInterrupt at once, before the ranks finish saving.
@@ -46,7 +46,7 @@ from helpers.faults import Launch
 from helpers.launch import REPO, launch_env, tiny_run_args
 from helpers.runs import consolidated_model, train_losses, train_lrs, val_losses
 
-from gpt_ds.metrics import read_metrics
+from gpt_ds.observe.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -103,10 +103,10 @@ def batch_loss(out: Path, tag: str, data_dir: Path, ranks: list[int], sequences:
     drawn.
 
     One process, plain transformers: sequence i of a rank's stream is a pure function of
-    (seed, rank, i) (gpt_ds.data.TrainSampler), so this is what a resumed run must log first.
+    (seed, rank, i) (gpt_ds.data.tokens.TrainSampler), so this is what a resumed run must log first.
     """
-    from gpt_ds.data import TrainSampler
-    from gpt_ds.model import lm_loss
+    from gpt_ds.data.tokens import TrainSampler
+    from gpt_ds.model.gpt2 import lm_loss
 
     model = consolidated_model(out, tag)
     tokens = np.memmap(data_dir / "train.bin", dtype=np.uint16, mode="r")

@@ -14,7 +14,7 @@ import torch
 from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args
 from helpers.runs import consolidated_model, train_losses
 
-from gpt_ds.optimizer_choice import adam_facts, choose_adam
+from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 K = 6  # iterations before the resume; 2K in all

@@ -10,7 +10,8 @@ import sys
 import pytest
 from helpers.launch import TRAIN, launch_env, run_python, tiny_run_args
 
-from gpt_ds.gpu_support import (
+from gpt_ds.launch.checks import Check, gpu_check
+from gpt_ds.launch.gpu_support import (
     SKIP_ENV,
     Device,
     GpuFacts,
@@ -25,7 +26,6 @@ from gpt_ds.gpu_support import (
     probe_source,
     runs_on,
 )
-from gpt_ds.preflight_checks import Check, gpu_check
 
 # torch 2.13's published CUDA builds for x86_64 (torch.cuda.PYTORCH_RELEASES_CODE_CC)
 RELEASES = {

@@ -1,6 +1,7 @@
 """Gradient accumulation, proven: a rank's samples do not depend on how its batch is split into
-micro-batches (gpt_ds.data.TrainSampler, fast tests), so `--micro_batch_size 2 --grad_accum 4`
-trains as `--micro_batch_size 8 --grad_accum 1` to float rounding under ZeRO-1/2/3 (real 2-rank
+micro-batches (gpt_ds.data.tokens.TrainSampler, fast tests), so `--micro_batch_size 2
+--grad_accum 4` trains as `--micro_batch_size 8 --grad_accum 1` to float rounding under
+ZeRO-1/2/3 (real 2-rank
 runs, helpers.compared_runs); a resume with accumulation is exact; evaluations and checkpoints
 land on optimizer steps, counted as DeepSpeed counts them in its own engine state."""
 
@@ -22,11 +23,11 @@ from helpers.compared_runs import (
 from helpers.launch import run_deepspeed, tiny_run_args
 from helpers.runs import consolidated_model, train_losses, train_lrs, val_losses
 
+from gpt_ds.base.errors import DataError
 from gpt_ds.checkpoint import Manifest
 from gpt_ds.checkpoint.batch import with_saved_micro_batch
-from gpt_ds.data import TrainSampler
-from gpt_ds.errors import DataError
-from gpt_ds.metrics import read_metrics
+from gpt_ds.data.tokens import TrainSampler
+from gpt_ds.observe.metrics import read_metrics
 
 BLOCK = 16
 # token i is i: a window's first token is its start offset

@@ -18,13 +18,13 @@ import pytest
 from helpers.launch import run_deepspeed, tiny_run_args
 from helpers.runs import train_losses, train_lrs
 
-from gpt_ds.config import RunSettings
-from gpt_ds.ds_config import resolve_ds_config
-from gpt_ds.ds_schedule import ADAMW_DEFAULTS
-from gpt_ds.ds_schema import PRESETS, load_ds_config, preset_path
-from gpt_ds.errors import ConfigError
-from gpt_ds.model import resolve_shape
-from gpt_ds.precision import detect_precision
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.dsconfig.precision import detect_precision
+from gpt_ds.dsconfig.resolve import resolve_ds_config
+from gpt_ds.dsconfig.schedule import ADAMW_DEFAULTS
+from gpt_ds.dsconfig.schema import PRESETS, load_ds_config, preset_path
+from gpt_ds.model.gpt2 import resolve_shape
+from gpt_ds.run.config import RunSettings
 
 DATA = Path(__file__).parent / "data"
 HF_CONFIGS = {"zero2": DATA / "hf_ds_config_zero2.json", "zero3": DATA / "hf_ds_config_zero3.json"}

@@ -20,9 +20,9 @@ from helpers.launch import (
 )
 from helpers.runs import train_lrs, val_losses
 
-from gpt_ds import cli
-from gpt_ds.memory.options import PickPresetOptions
-from gpt_ds.metrics import read_metrics
+from gpt_ds.base import cli
+from gpt_ds.commands.pick_preset import PickPresetOptions
+from gpt_ds.observe.metrics import read_metrics
 
 # no --model: the shape comes from the weights
 NEW_RUN = {"model": None, "max_iters": 2, "eval_interval": 0, "warmup_iters": 2}

@@ -41,10 +41,18 @@ SCRIPTS = [
     "gpt-ds-verify",
     "gpt-ds-universal",
 ]
-# what a source checkout holds beside the project: never part of a build
-NOT_SOURCE = shutil.ignore_patterns(
-    ".venv", ".git", "build", "*.egg-info", "__pycache__", "data", "out", ".*_cache"
+# what a source checkout holds beside the project: never part of a build (data/ and out/ only
+# at the top: gpt_ds/data/ is the package's own)
+_NOT_SOURCE_ANYWHERE = shutil.ignore_patterns(
+    ".venv", ".git", "build", "*.egg-info", "__pycache__", ".*_cache"
 )
+
+
+def not_source(directory: str, names: list[str]) -> set[str]:
+    ignored = set(_NOT_SOURCE_ANYWHERE(directory, names))
+    if Path(directory) == REPO:
+        ignored |= {"data", "out"} & set(names)
+    return ignored
 
 
 def make_venv(venv: Path) -> Path:
@@ -88,7 +96,7 @@ def installed(tmp_path_factory) -> Installed:
     build/ could hide a package the wheel lacks)."""
     base = tmp_path_factory.mktemp("install")
     source = base / "src"
-    shutil.copytree(REPO, source, ignore=NOT_SOURCE)
+    shutil.copytree(REPO, source, ignore=not_source)
     python = make_venv(base / "venv")
     env = venv_env(base / "venv")
     pip = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--ignore-installed"]
@@ -103,7 +111,7 @@ def installed(tmp_path_factory) -> Installed:
 
 def test_installed_package_is_complete_and_not_the_checkout(installed):
     python, work, env, source = installed
-    code = "import gpt_ds, gpt_ds.ds_schema as s; print(gpt_ds.__file__); print(s.PRESET_DIR)"
+    code = "import gpt_ds, gpt_ds.dsconfig.schema as s; print(gpt_ds.__file__); print(s.PRESET_DIR)"
     package_file, preset_dir = run_checked([python, "-c", code], work, env).split()
     package = Path(package_file).parent
     venv = python.parent.parent

@@ -1,4 +1,4 @@
-"""The local launch's rank count and `deepspeed` runner flags (gpt_ds/launch_ranks.py): every
+"""The local launch's rank count and `deepspeed` runner flags (gpt_ds/launch/ranks.py): every
 branch as a pure function, for GPU machines this one is not; then the script as the launchers
 run it, on this machine (torch's real device count, 0 here)."""
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers.launch import REPO, launch_env
 
-from gpt_ds.launch_ranks import (
+from gpt_ds.launch.ranks import (
     CPU_RANKS,
     RankPlan,
     RankRefusal,
@@ -19,7 +19,7 @@ from gpt_ds.launch_ranks import (
     shell_lines,
 )
 
-SCRIPT = REPO / "gpt_ds" / "launch_ranks.py"
+SCRIPT = REPO / "gpt_ds" / "launch" / "ranks.py"
 
 
 def test_no_gpu_gives_two_cpu_ranks_or_as_many_as_asked():

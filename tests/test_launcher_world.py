@@ -1,4 +1,4 @@
-"""gpt_ds.launcher_world: ranks started by mpirun or srun (DeepSpeed's OpenMPI, MVAPICH and
+"""gpt_ds.base.launcher_world: ranks started by mpirun or srun (DeepSpeed's OpenMPI, MVAPICH and
 Slurm runners set no RANK/WORLD_SIZE/MASTER_*) read their world from the launcher's variables.
 
 Each variable set below is the one that launcher gives a rank (OpenMPI 4 mpirun, MVAPICH2
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpt_ds import dist
-from gpt_ds import launcher_world as lw
-from gpt_ds.errors import GptDsError
-from gpt_ds.launcher_world import LauncherWorldError, adopt_launcher_world, launcher_world
+from gpt_ds.base import dist
+from gpt_ds.base import launcher_world as lw
+from gpt_ds.base.errors import GptDsError
+from gpt_ds.base.launcher_world import LauncherWorldError, adopt_launcher_world, launcher_world
 
 MASTER = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 OPENMPI = {

@@ -1,5 +1,5 @@
 """The launchers as users run them: launchers/single_node.sh picks its ranks through
-gpt_ds/launch_ranks.py (a real 3-rank CPU run); env.sh's network choices (InfiniBand/RoCE by
+gpt_ds/launch/ranks.py (a real 3-rank CPU run); env.sh's network choices (InfiniBand/RoCE by
 the node's RDMA devices, a master address other nodes cannot reach refused); and the shell
 scripts and Dockerfiles lint clean where shellcheck and hadolint can be had. The Docker images
 themselves cannot be built here (no Docker daemon, no GPU)."""

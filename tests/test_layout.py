@@ -1,6 +1,7 @@
-"""The design rules of the package, checked: small modules, short functions on the training
-path, an import graph without cycles in which nothing imports the entry point, and tests that
-import helpers, never other tests."""
+"""The design rules of the package, checked: subpackages in layers (none imports a layer above
+it), few modules beside them, small modules, short functions on the training path, an import
+graph without cycles in which nothing imports the entry point, a README layout table that lists
+every subpackage, and tests that import helpers, never other tests."""
 
 from __future__ import annotations
 
@@ -13,7 +14,25 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "gpt_ds"
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 60
-TRAINING_PATH = ["train.py", "trainer.py", "report.py", "stop.py", "checkpoint"]
+TRAINING_PATH = ["train.py", "training", "observe/report.py", "checkpoint"]
+# The subpackages, bottom layer first: a module may import its own subpackage and those listed
+# before it, never one after it. `train.py` (the entry point) sits above them all.
+LAYERS = [
+    "base",  # errors, process group, CLI style: used everywhere
+    "model",  # GPT-2 shapes, construction, the chunked loss
+    "data",  # tokenizer, token files, samplers, mixtures; data/prepare
+    "dsconfig",  # the DeepSpeed config: schema, RunSettings, "auto", precision, optimizer
+    "memory",  # the ZeRO memory and communication model, the guard, the picker
+    "observe",  # metrics, monitors, start-up report, plots
+    "checkpoint",  # save protocol, manifest, tags, universal conversion
+    "export",  # Hugging Face export, generation
+    "launch",  # hostfile, preflight, GPU support, rank counts
+    "run",  # the run config and what it resolves to
+    "training",  # the trainer
+    "commands",  # one module per console script
+]
+MAX_TOP_LEVEL_MODULES = 4
+MAX_SUBPACKAGE_MODULES = 14
 
 
 def modules() -> dict[str, Path]:
@@ -101,3 +120,40 @@ def test_no_module_imports_a_test_module():
                 if n.split(".")[-1].startswith("test_") or n == "conftest"
             ]
     assert offenders == []
+
+
+def subpackage(module: str) -> str | None:
+    """`gpt_ds.data.prepare.encode` -> "data"; None for a module directly in gpt_ds/."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() else None
+
+
+def test_subpackages_are_the_layers_and_none_imports_a_layer_above_it():
+    mods = modules()
+    found = {subpackage(m) for m in mods} - {None, "ds_configs"}
+    assert found == set(LAYERS), f"subpackages not in LAYERS (or gone): {found ^ set(LAYERS)}"
+    upward = []
+    for name, path in mods.items():
+        here = subpackage(name)
+        if here is None:
+            continue
+        for dep in imported_modules(path, set(mods)):
+            there = subpackage(dep)
+            if there is not None and LAYERS.index(there) > LAYERS.index(here):
+                upward.append(f"{name} imports {dep} ({here} < {there})")
+    assert upward == [], "\n".join(upward)
+
+
+def test_few_modules_beside_the_subpackages_and_none_crowded():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES and "train.py" in top, top
+    for layer in LAYERS:
+        count = len(list((PACKAGE / layer).glob("*.py"))) - 1  # not __init__.py
+        assert count <= MAX_SUBPACKAGE_MODULES, f"gpt_ds/{layer}/: {count} modules"
+
+
+def test_readme_layout_table_lists_every_subpackage():
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("## Layout") : readme.index("## Development")]
+    missing = [layer for layer in LAYERS if f"`gpt_ds/{layer}/`" not in table]
+    assert missing == [], f"README's layout table lacks {missing}"

@@ -16,10 +16,10 @@ from deepspeed.runtime import lr_schedules
 from helpers.launch import TRAIN, run_python, tiny_run_args
 from helpers.runs import train_losses, train_lrs
 
-from gpt_ds.config import RunSettings
-from gpt_ds.ds_config import resolve_ds_config
-from gpt_ds.ds_schema import load_ds_config, preset_path
-from gpt_ds.lr_schedule import with_schedule, wsd_factor
+from gpt_ds.dsconfig.lr_schedule import with_schedule, wsd_factor
+from gpt_ds.dsconfig.resolve import resolve_ds_config
+from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+from gpt_ds.run.config import RunSettings
 
 LR, MIN_LR, WARMUP, TOTAL = 1e-3, 1e-4, 4, 20
 

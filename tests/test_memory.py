@@ -20,7 +20,7 @@ from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs,
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 from helpers.launch import REPO
 
-from gpt_ds.errors import ConfigError
+from gpt_ds.base.errors import ConfigError
 from gpt_ds.memory import (
     ACT_BYTES_PER_SBH_16BIT,
     GiB,
@@ -37,7 +37,7 @@ from gpt_ds.memory import (
     plan,
 )
 from gpt_ds.memory.activations import chunked_loss_bytes
-from gpt_ds.model import (
+from gpt_ds.model.gpt2 import (
     MODEL_PRESETS,
     ModelShape,
     build_model,

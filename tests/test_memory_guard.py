@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from helpers.launch import tiny_run_args, train_fails
 
-from gpt_ds.errors import ConfigError
+from gpt_ds.base.errors import ConfigError
 from gpt_ds.memory import Hardware, estimate_run
 from gpt_ds.memory.constants import GiB
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK
@@ -20,7 +20,7 @@ from gpt_ds.memory.guard import (
     host_memory_bytes,
 )
 from gpt_ds.memory.hardware import usable_cpu_memory, usable_gpu_memory
-from gpt_ds.model import resolve_shape
+from gpt_ds.model.gpt2 import resolve_shape
 
 
 def estimate(micro_batch_size: int, world_size: int = 2):

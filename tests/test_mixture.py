@@ -13,11 +13,11 @@ import pytest
 from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args, train_fails
 from helpers.runs import train_losses
 
-from gpt_ds.data import TokenData, TrainSampler
-from gpt_ds.data_spec import DataSpec, data_specs
-from gpt_ds.errors import ConfigError
-from gpt_ds.metrics import read_metrics
-from gpt_ds.mixture import DataMix, MixtureSampler
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.data.mixture import DataMix, MixtureSampler
+from gpt_ds.data.spec import DataSpec, data_specs
+from gpt_ds.data.tokens import TokenData, TrainSampler
+from gpt_ds.observe.metrics import read_metrics
 
 BLOCK = 16
 

@@ -14,9 +14,9 @@ from helpers.compared_runs import BASE, ITERS, assert_losses_close
 from helpers.launch import run_deepspeed, tiny_run_args
 from helpers.runs import train_losses, val_losses
 
-from gpt_ds.data import load_token_data
-from gpt_ds.errors import DataError
-from gpt_ds.tokenizer import DEFAULT_CORPUS, VOCAB_SIZE, get_encoding
+from gpt_ds.base.errors import DataError
+from gpt_ds.data.tokenizer import DEFAULT_CORPUS, VOCAB_SIZE, get_encoding
+from gpt_ds.data.tokens import load_token_data
 
 WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}  # test_grad_accum's baseline
 

@@ -1,4 +1,4 @@
-"""gpt_ds.optimizer_choice: every branch of the Adam(W) choice, for machines this one is not
+"""gpt_ds.dsconfig.optimizer: every branch of the Adam(W) choice, for machines this one is not
 (GPUs with and without nvcc, a prebuilt op, ROCm), and the chosen params through DeepSpeed's
 own optimizer construction (`DeepSpeedEngine.get_optimizer_configuration`), so that what is
 chosen is what DeepSpeed builds and no key it passes on makes torch raise."""
@@ -9,11 +9,11 @@ import pytest
 import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from gpt_ds.config import RunSettings
-from gpt_ds.ds_config import resolve_ds_config
-from gpt_ds.ds_schema import load_ds_config, preset_path
-from gpt_ds.errors import ConfigError
-from gpt_ds.optimizer_choice import AdamFacts, adam_facts, choose_adam, same_minor
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.dsconfig.optimizer import AdamFacts, adam_facts, choose_adam, same_minor
+from gpt_ds.dsconfig.resolve import resolve_ds_config
+from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+from gpt_ds.run.config import RunSettings
 
 CUDA_NO_NVCC = AdamFacts(accelerator="cuda")
 ADAMW = {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}

@@ -9,11 +9,16 @@ import pytest
 from deepspeed.accelerator import get_accelerator
 from helpers.launch import run_deepspeed, tiny_run_args
 
-from gpt_ds.ds_config import RunSettings, resolve_ds_config
-from gpt_ds.ds_schema import load_ds_config, preset_path
-from gpt_ds.errors import ConfigError
-from gpt_ds.metrics import read_metrics
-from gpt_ds.precision import cuda_fp16_refusal, fp16_refusal, gpu_precision, precision_refusal
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.dsconfig.precision import (
+    cuda_fp16_refusal,
+    fp16_refusal,
+    gpu_precision,
+    precision_refusal,
+)
+from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
+from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+from gpt_ds.observe.metrics import read_metrics
 
 BF16_CPU = "processor: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile\n"
 OLD_CPU = "flags : fpu sse avx2 avx512f\n"

@@ -20,11 +20,11 @@ import pytest
 from helpers.launch import REPO, free_port, launch_env
 from helpers.sshd import sshd_fixture
 
-from gpt_ds.errors import ConfigError
-from gpt_ds.hostfile import parse_hostfile_text, read_hostfile, resource_pool
-from gpt_ds.preflight import PreflightOptions, run_preflight
-from gpt_ds.preflight_checks import Check, HostReport, PreflightResult, format_report
-from gpt_ds.preflight_probe import (
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.launch.checks import Check, HostReport, PreflightResult, format_report
+from gpt_ds.launch.hostfile import parse_hostfile_text, read_hostfile, resource_pool
+from gpt_ds.launch.preflight import PreflightOptions, run_preflight
+from gpt_ds.launch.probe import (
     MasterListener,
     deepspeed_exports,
     ds_quote,
@@ -164,7 +164,7 @@ def test_deepspeed_env_file_read_like_deepspeed_and_bad_lines_flagged(tmp_path):
 def test_probe_reports_this_environment(tmp_path):
     req = {
         "project_dir": str(REPO),
-        "code_files": ["gpt_ds/hostfile.py", "gpt_ds/no_such_file.py"],
+        "code_files": ["gpt_ds/launch/hostfile.py", "gpt_ds/no_such_file.py"],
         "checkpoint_dir": str(tmp_path / "not" / "yet"),
     }
     cmd = remote_command(sys.executable, {"PYTHONPATH": str(REPO), "MARK": "a b"})
@@ -181,7 +181,7 @@ def test_probe_reports_this_environment(tmp_path):
 
 def test_local_preflight_fails_devices_when_deepspeed_would_not_use_the_gpus(tmp_path):
     """The GPU check rides along with the probe: DS_ACCELERATOR=cuda where torch sees no GPU
-    (a CPU torch here) fails the devices cell with the fix (gpt_ds.gpu_support's branches are
+    (a CPU torch here) fails the devices cell with the fix (gpt_ds.launch.gpu_support's branches are
     in tests/test_gpu_support.py)."""
     opts = PreflightOptions(
         local=True,

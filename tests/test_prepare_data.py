@@ -13,18 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt_ds import prepare_inputs as prepare
-from gpt_ds.data import load_token_data
-from gpt_ds.errors import DataError
-from gpt_ds.prepare import prepare_dataset
-from gpt_ds.prepare_inputs import iter_safe_chunks
-from gpt_ds.tokenizer import (
+from gpt_ds.base.errors import DataError
+from gpt_ds.data.prepare import inputs as prepare
+from gpt_ds.data.prepare.inputs import iter_safe_chunks
+from gpt_ds.data.prepare.pipeline import prepare_dataset
+from gpt_ds.data.tokenizer import (
     DEFAULT_CORPUS,
     EOT_TOKEN,
     VOCAB_SIZE,
     get_encoding,
     tokenizer_fingerprint,
 )
+from gpt_ds.data.tokens import load_token_data
 
 REPO = Path(__file__).resolve().parents[1]
 TRICKY = (

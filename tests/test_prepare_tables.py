@@ -18,10 +18,10 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from gpt_ds.errors import DataError
-from gpt_ds.prepare import prepare_dataset
-from gpt_ds.token_format import rebuild_command
-from gpt_ds.tokenizer import EOT_TOKEN, get_encoding
+from gpt_ds.base.errors import DataError
+from gpt_ds.data.prepare.pipeline import prepare_dataset
+from gpt_ds.data.token_format import rebuild_command
+from gpt_ds.data.tokenizer import EOT_TOKEN, get_encoding
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [f"Document {i}: {'une phrase, 日本語 😀 ' * (i % 5)}\nline two.  " for i in range(45)]

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from gpt_ds.config import RunConfig, build_parser, parse_args, validate
-from gpt_ds.errors import ConfigError
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.run.config import RunConfig, build_parser, parse_args, validate
 
 
 def test_flag_file_json_and_yaml_with_the_command_line_winning(tmp_path):

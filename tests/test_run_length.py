@@ -10,10 +10,10 @@ import math
 import pytest
 from helpers.launch import TRAIN, run_python, tiny_run_args
 
-from gpt_ds.config import length_problems, parse_args
-from gpt_ds.errors import ConfigError
-from gpt_ds.metrics import read_metrics
-from gpt_ds.run_length import with_budget
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.run.config import length_problems, parse_args
+from gpt_ds.run.length import with_budget
 
 
 def cfg(*flags: str):

@@ -15,8 +15,8 @@ import pytest
 from helpers.launch import tiny_run_args
 
 from gpt_ds.checkpoint import complete_tags
-from gpt_ds.metrics import read_metrics
-from gpt_ds.run_lock import LOCK_NAME, STALE_AFTER_SECONDS, LockOwner, OutDirBusy, acquire
+from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.run.lock import LOCK_NAME, STALE_AFTER_SECONDS, LockOwner, OutDirBusy, acquire
 
 
 def dead_pid() -> int:

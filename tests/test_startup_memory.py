@@ -12,7 +12,7 @@ import pytest
 from helpers.launch import run_deepspeed, tiny_run_args
 
 from gpt_ds.memory.guard import CPU_ONLY_RANK_BYTES
-from gpt_ds.model import MODEL_PRESETS, padded_vocab
+from gpt_ds.model.gpt2 import MODEL_PRESETS, padded_vocab
 
 GiB = 2**30
 LINE = re.compile(r"memory after start-up, peak per rank \(of which model and engine\): (.*)")

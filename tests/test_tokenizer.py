@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from gpt_ds import tokenizer
-from gpt_ds.errors import DataError
-from gpt_ds.tokenizer import (
+from gpt_ds.base.errors import DataError
+from gpt_ds.data import tokenizer
+from gpt_ds.data.tokenizer import (
     DEFAULT_CORPUS,
     EOT_TOKEN,
     TOKENIZER_NAME,

@@ -15,7 +15,7 @@ import torch
 from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args
 from helpers.runs import consolidated_model, train_losses
 
-from gpt_ds.metrics import read_metrics
+from gpt_ds.observe.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 

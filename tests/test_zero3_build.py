@@ -1,4 +1,4 @@
-"""Under ZeRO-3 the model is built partitioned (gpt_ds/model_zero3.py): no rank holds it whole,
+"""Under ZeRO-3 the model is built partitioned (gpt_ds/model/zero3.py): no rank holds it whole,
 and its initial weights are those of a one-process build with the same seed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers.launch import run_deepspeed, tiny_run_args
 
-from gpt_ds.model import build_model, padded_vocab, resolve_shape
+from gpt_ds.model.gpt2 import build_model, padded_vocab, resolve_shape
 
 
 @pytest.mark.slow

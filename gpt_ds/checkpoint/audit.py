@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.integrity import ALGORITHM, checksum_problems
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest
 from gpt_ds.checkpoint.tags import LATEST, complete_tags, file_problems, latest_tag, partial_dirs
-from gpt_ds.errors import CheckpointError
 
 
 @dataclass

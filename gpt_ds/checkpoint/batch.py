@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.manifest import Manifest
-from gpt_ds.errors import CheckpointError
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt_ds import dist
+from gpt_ds.base import dist
+from gpt_ds.base.errors import CheckpointError
+from gpt_ds.base.tool_names import tool
 from gpt_ds.checkpoint.batch import with_saved_micro_batch
 from gpt_ds.checkpoint.integrity import (
     ALGORITHM,
@@ -47,8 +49,6 @@ from gpt_ds.checkpoint.tags import (
     latest_tag,
     write_latest,
 )
-from gpt_ds.errors import CheckpointError
-from gpt_ds.tool_names import tool
 
 
 def rank_state_name(rank: int) -> str:

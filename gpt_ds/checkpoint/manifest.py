@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt_ds.model import ModelShape
+from gpt_ds.model.gpt2 import ModelShape
 
 MANIFEST = "gpt_ds.json"
 

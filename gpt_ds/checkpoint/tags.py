@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.integrity import checksum_problems
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest, atomic_write_text
-from gpt_ds.errors import CheckpointError
 
 LATEST = "latest"
 PARTIAL = ".partial"

@@ -13,11 +13,11 @@ import shutil
 import subprocess
 import sys
 
-from gpt_ds import dist
+from gpt_ds.base import dist
+from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.checkpointer import publish, rank_state_name
 from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.tags import PARTIAL, CheckpointRef
-from gpt_ds.errors import CheckpointError
 
 
 def universal_tag(tag: str) -> str:

@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt_ds.cli import option, parse, run_tool
-from gpt_ds.errors import ConfigError
+from gpt_ds.base.cli import option, parse, run_tool
+from gpt_ds.base.errors import ConfigError
 
 
 @dataclass
@@ -49,7 +49,11 @@ class PlotOptions:
 
 
 def plot(opts: PlotOptions) -> None:
-    from gpt_ds.plot import draw, load_runs, save  # brings torch (gpt_ds.metrics): not for --help
+    from gpt_ds.observe.plot import (  # brings torch (gpt_ds.observe.metrics): not for --help
+        draw,
+        load_runs,
+        save,
+    )
 
     opts.check()
     runs = load_runs(opts.out_dirs, opts.labels)

@@ -7,7 +7,7 @@
 
 (`python tools/preflight.py ...` in a checkout is the same command.) Prints a table of hosts x
 checks and a `fix:` line per failure; exits 0 when every host is ready, 1 when a check failed,
-2 on bad input (a bad hostfile). The checks live in gpt_ds/preflight.py (options:
+2 on bad input (a bad hostfile). The checks live in gpt_ds/launch/preflight.py (options:
 `PreflightOptions`).
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import sys
 
-from gpt_ds.cli import parse, run_tool
-from gpt_ds.preflight import PreflightOptions, run_preflight
-from gpt_ds.preflight_checks import format_report
+from gpt_ds.base.cli import parse, run_tool
+from gpt_ds.launch.checks import format_report
+from gpt_ds.launch.preflight import PreflightOptions, run_preflight
 
 
 def main(argv: list[str] | None = None) -> int:

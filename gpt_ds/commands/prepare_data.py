@@ -4,7 +4,7 @@
     gpt-ds-prepare --input books/ extra.jsonl --out_dir data/mine
 
 (`python tools/prepare_data.py ...` in a checkout is the same command.) Inputs, the train/val
-split rule and the output format are described in gpt_ds/prepare.py.
+split rule and the output format are described in gpt_ds/data/prepare/pipeline.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpt_ds.cli import parse, run_tool
-from gpt_ds.prepare import PrepareOptions, prepare_from_options
+from gpt_ds.base.cli import parse, run_tool
+from gpt_ds.data.prepare.pipeline import PrepareOptions, prepare_from_options
 
 
 def summary(meta: dict, out_dir: Path, seconds: float) -> str:

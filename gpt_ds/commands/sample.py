@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from gpt_ds.cli import option, parse, run_tool
-from gpt_ds.errors import ConfigError
+from gpt_ds.base.cli import option, parse, run_tool
+from gpt_ds.base.errors import ConfigError
 
 SEPARATOR = "-" * 40
 
@@ -54,7 +54,7 @@ def sample(opts: SampleOptions) -> int:
     opts.check()
     import torch
 
-    from gpt_ds.sampling import generate, load_model
+    from gpt_ds.export.sampling import generate, load_model
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = load_model(opts.model, opts.tag, device)

@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpt_ds.base.cli import option, parse, run_tool
 from gpt_ds.checkpoint import convert_to_universal, resolve
-from gpt_ds.cli import option, parse, run_tool
 
 
 @dataclass

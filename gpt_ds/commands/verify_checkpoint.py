@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpt_ds.base.cli import option, parse, run_tool
 from gpt_ds.checkpoint.audit import audit_run, report_lines
-from gpt_ds.cli import option, parse, run_tool
 
 
 @dataclass

@@ -12,7 +12,7 @@ generation_config.json, tokenizer) that AutoModelForCausalLM / AutoTokenizer loa
 safetensors (tied lm_head left out, as Hugging Face does) and pt (every name) write a bare
 state dict next to config.json. Weights are located by DeepSpeed's own zero_to_fp32 code
 (all stages, offload or not, any world size and precision) and streamed from the memory-mapped
-checkpoint files into the output, with no copy of the model in memory; see gpt_ds/export.py.
+checkpoint files into the output, with no copy of the model in memory; see gpt_ds/export/hf.py.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt_ds.cli import option, parse, run_tool
-from gpt_ds.export import DTYPES, FORMATS, export_checkpoint, export_summary
+from gpt_ds.base.cli import option, parse, run_tool
+from gpt_ds.export.hf import DTYPES, FORMATS, export_checkpoint, export_summary
 
 
 @dataclass

@@ -13,7 +13,6 @@ One module per job; dependencies flow down this list, and nothing here imports t
 * `hardware`: `Hardware`, the cluster a plan is for, and how much of its memory a plan may use.
 * `picker`: the candidates, `plan` -> `Plan` (fit, batch split, traffic, time, recommendation).
 * `plan_text`: `format_plan`, a plan as the text `tools/pick_preset.py` prints.
-* `options`: `PickPresetOptions`, the flags of `tools/pick_preset.py` (gpt_ds/cli.py style).
 
 The names below are the package's public interface: import them from `gpt_ds.memory`.
 """
@@ -45,7 +44,6 @@ from gpt_ds.memory.hardware import (
 )
 from gpt_ds.memory.layout import largest_module_params, parameter_layout
 from gpt_ds.memory.measure import measured_model_state_bytes
-from gpt_ds.memory.options import PickPresetOptions
 from gpt_ds.memory.picker import (
     CANDIDATES,
     CPU_ADAM_PARAMS_PER_S,
@@ -91,7 +89,6 @@ __all__ = [
     "CandidateSpec",
     "GiB",
     "Hardware",
-    "PickPresetOptions",
     "MemoryEstimate",
     "Plan",
     "ZeroSettings",

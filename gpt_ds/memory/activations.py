@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpt_ds.chunked_loss import chunk_rows
 from gpt_ds.memory.constants import PRECISION_BYTES
-from gpt_ds.model import ModelShape
+from gpt_ds.model.chunked_loss import chunk_rows
+from gpt_ds.model.gpt2 import ModelShape
 
 # Saved activations per layer per (sequence position x batch x width), in bytes at 16 bits.
 # Korthikanti et al. 2022 count 34 (+ 5*a*s/h for the attention matrix). Measured on this

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpt_ds.memory.constants import PRECISION_BYTES
-from gpt_ds.model import ModelShape
+from gpt_ds.model.gpt2 import ModelShape
 
 
 def comm_bytes_per_step(

@@ -24,7 +24,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from gpt_ds.errors import ConfigError
+from gpt_ds.base.errors import ConfigError
 from gpt_ds.memory.activations import activation_bytes
 from gpt_ds.memory.constants import PRECISION_BYTES, GiB
 from gpt_ds.memory.layout import (
@@ -35,7 +35,7 @@ from gpt_ds.memory.layout import (
     zero12_ranks,
 )
 from gpt_ds.memory.settings import ZeroSettings
-from gpt_ds.model import ModelShape, shape_problems
+from gpt_ds.model.gpt2 import ModelShape, shape_problems
 
 CPU_BYTES_PER_RANK = 2 * GiB  # one rank's Python + torch + CUDA libraries, resident
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from gpt_ds.errors import ConfigError
+from gpt_ds.base.errors import ConfigError
 from gpt_ds.memory.constants import GiB
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, MemoryEstimate
 from gpt_ds.memory.hardware import (

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from gpt_ds.memory.settings import ZeroSettings
-from gpt_ds.model import ModelShape
+from gpt_ds.model.gpt2 import ModelShape
 
 
 def parameter_layout(shape: ModelShape) -> list[tuple[str, int]]:

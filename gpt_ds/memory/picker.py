@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpt_ds.ds_schema import PRESET_DIR
-from gpt_ds.errors import ConfigError
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.base.tool_names import preset_arg, train_script
+from gpt_ds.dsconfig.schema import PRESET_DIR
 from gpt_ds.memory.communication import comm_bytes_per_step, comm_seconds
 from gpt_ds.memory.constants import PRECISION_BYTES, GiB
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, MemoryEstimate, estimate_run
@@ -20,8 +21,7 @@ from gpt_ds.memory.hardware import (
     Hardware,
 )
 from gpt_ds.memory.settings import ZeroSettings, load_preset_settings
-from gpt_ds.model import ModelShape, flops_per_token, shape_problems
-from gpt_ds.tool_names import preset_arg, train_script
+from gpt_ds.model.gpt2 import ModelShape, flops_per_token, shape_problems
 
 DS_CONFIG_DIR = PRESET_DIR  # the presets, installed or in a checkout
 
@@ -293,7 +293,7 @@ class RunArgs:
 
 def model_flags(shape: ModelShape, model_name: str | None) -> list[str]:
     """train.py flags that rebuild `shape`: the preset plus any field that differs from it."""
-    from gpt_ds.model import MODEL_PRESETS
+    from gpt_ds.model.gpt2 import MODEL_PRESETS
 
     name = model_name if model_name in MODEL_PRESETS else "gpt2"
     base = MODEL_PRESETS[name]

@@ -1,7 +1,7 @@
 """Measure the model-state bytes each rank of a live DeepSpeed engine holds; print with predictions.
 
 Launched by tests/test_memory_measured.py through `deepspeed --num_gpus N`. For each
-`STAGE:PRECISION` in --configs it builds a fresh GPT-2 (gpt_ds.model.build_model), runs
+`STAGE:PRECISION` in --configs it builds a fresh GPT-2 (gpt_ds.model.gpt2.build_model), runs
 `deepspeed.initialize` with an inline config (AdamW, micro-batch 2, no "auto"), takes one full
 step so Adam has its state, then on a second step measures twice with
 gpt_ds.memory.measured_model_state_bytes: after backward, and from inside the inner
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as tdist
 
 from gpt_ds.memory import estimate_run, measured_model_state_bytes
-from gpt_ds.model import build_model, resolve_shape
+from gpt_ds.model.gpt2 import build_model, resolve_shape
 
 REDUCE_BUCKET = 5_000_000  # small: the buckets are not measured, and CPU RAM is shared
 

@@ -1,0 +1,164 @@
+"""One command-line style for every entry point: a dataclass is the CLI.
+
+Each field of an options dataclass becomes one argument; its metadata (set with `option()`)
+holds the `--help` text and, where needed, `positional`, `choices`, `const` (an optional value:
+`--resume` alone means `latest`), `group` (a titled section of `--help`) or `one_of` (a required
+choice of exactly one of several flags). Types come from the annotations: `bool` is a switch,
+`X | None` takes an X, `list[X]` takes one or more (with `repeatable`, also from repeated
+flags: `--x a --x b`). Defaults are written once, on the field.
+
+`run_tool` is the one exit-code convention of the tools: 0 done, 2 on a `GptDsError` (printed
+as `error: ...`), 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+from gpt_ds.base.errors import GptDsError
+
+T = TypeVar("T")
+_SCALARS = (bool, int, float, Path, str)
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", **cli: Any) -> Any:
+    """A dataclass field with its command-line metadata (see the module docstring).
+
+    `default_factory=` works as in `dataclasses.field`; no default makes the flag required.
+    """
+    factory = cli.pop("default_factory", dataclasses.MISSING)
+    return dataclasses.field(
+        default=default, default_factory=factory, metadata={"help": help, **cli}
+    )
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in `--help` (where there is one to show), the tool's docstring as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Repeatable(argparse.Action):
+    """Values of every use of the flag, in order. The first use replaces the default (a flag
+    file's value, `--config`) rather than adding to it, as any other flag does."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = getattr(namespace, self.dest, None)
+        kept = [] if current is None or current is self.default else list(current)
+        setattr(namespace, self.dest, kept + list(values))
+
+
+def unwrap_hint(hint: Any) -> tuple[type, bool]:
+    """(element type, is a list) of an annotation such as `int | None` or `list[Path] | None`."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is list:
+        return typing.get_args(hint)[0], True
+    return hint, False
+
+
+def _argument(f: dataclasses.Field, hint: Any) -> tuple[list[str], dict[str, Any]]:
+    """The `add_argument` call for one field."""
+    meta = f.metadata
+    base, many = unwrap_hint(hint)
+    if base not in _SCALARS:
+        raise TypeError(f"{f.name}: no command-line form for {hint!r}")
+    kwargs: dict[str, Any] = {"help": argparse.SUPPRESS if meta.get("hidden") else meta["help"]}
+    if f.default is not dataclasses.MISSING:
+        kwargs["default"] = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        kwargs["default"] = f.default_factory()
+    elif not meta.get("positional") and not meta.get("one_of"):
+        kwargs["required"] = True
+    if base is bool:
+        kwargs["action"] = "store_true"
+    else:
+        kwargs["type"] = base
+        if many:
+            kwargs["nargs"] = "+"
+            if meta.get("repeatable"):  # --x a --x b: both
+                kwargs["action"] = _Repeatable
+        elif "const" in meta:
+            kwargs.update(nargs="?", const=meta["const"])
+    for key in ("choices", "metavar"):
+        if key in meta:
+            kwargs[key] = meta[key]
+    if meta.get("positional"):
+        kwargs.pop("required", None)
+        if "default" in kwargs:
+            kwargs["nargs"] = "?"
+        return [f.name], kwargs
+    return [f"--{f.name}", *meta.get("aliases", ())], kwargs
+
+
+def build_parser(cls: type, description: str | None = None, prog: str | None = None):
+    """An argparse parser with one argument per field of the dataclass `cls`."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description or inspect.cleandoc(cls.__doc__ or ""),
+        formatter_class=_HelpFormatter,
+        allow_abbrev=False,  # --max_iter must not silently mean --max_iters
+    )
+    hints = get_type_hints(cls)
+    sections: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        flags, kwargs = _argument(f, hints[f.name])
+        if "one_of" in f.metadata:
+            name = f.metadata["one_of"]
+            if name not in sections:
+                sections[name] = parser.add_mutually_exclusive_group(required=True)
+            target = sections[name]
+        elif "group" in f.metadata:
+            name = f.metadata["group"]
+            if name not in sections:
+                sections[name] = parser.add_argument_group(name)
+            target = sections[name]
+        else:
+            target = parser
+        if flags[0].startswith("-"):
+            kwargs["dest"] = f.name
+        target.add_argument(*flags, **kwargs)
+    return parser
+
+
+def parse(
+    cls: type[T],
+    argv: Sequence[str] | None = None,
+    defaults: dict[str, Any] | None = None,
+    **parser_kwargs: Any,
+) -> T:
+    """Parse `argv` (default: sys.argv) into an instance of the dataclass `cls`; `defaults`
+    replace the fields' own (a flag file's values: the command line still wins)."""
+    parser = build_parser(cls, **parser_kwargs)
+    if defaults:
+        parser.set_defaults(**defaults)
+    namespace = parser.parse_args(argv)
+    return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if f.init})
+
+
+def run_tool(main: Callable[[], int | None], interrupted: str = "interrupted") -> int:
+    """Run a tool's body with the tools' exit codes: its own, 2 on a GptDsError, 130 on Ctrl-C.
+
+    `interrupted` is what Ctrl-C prints (say whether anything was left written).
+    """
+    try:
+        return main() or 0
+    except GptDsError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print(interrupted, file=sys.stderr, flush=True)
+        return 130

@@ -1,0 +1,119 @@
+"""Training data from one prepared folder or a weighted mixture of several.
+
+    --data_dir web:0.7 --data_dir books:0.3      # 70% / 30% of the training sequences
+    --data_dir web --data_dir books              # in proportion to their train tokens
+
+`DataMix` holds the sources (each a checked `TokenData`; data_spec.py parses the flag), their
+names (the folder names) and normalised weights. `MixtureSampler` extends the per-sequence
+stream of data.TrainSampler: sequence i of a rank's stream takes its source from a second word
+of the same Philox block that places its window, so the draw is reproducible, independent of
+the micro-batch split, and the sampler's state is still one integer. Evaluation scores every
+source's val split; the run's val loss is their weighted mean (trainer.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpt_ds.base.errors import DataError
+from gpt_ds.data.spec import data_specs
+from gpt_ds.data.tokens import TokenData, TrainSampler, load_token_data, xy_batch
+
+
+@dataclass(frozen=True)
+class DataMix:
+    names: list[str]
+    sources: list[TokenData]
+    weights: list[float]  # normalised: sum 1
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(len(s.train) for s in self.sources)
+
+    @property
+    def val_tokens(self) -> int:
+        return sum(len(s.val) for s in self.sources)
+
+    @property
+    def is_mixture(self) -> bool:
+        return len(self.sources) > 1
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint records of its data: each source's split sizes and input
+        checksums (from meta.json), and for a mixture the names and weights."""
+        ids = [_identity(s.meta) for s in self.sources]
+        if not self.is_mixture:
+            return ids[0]
+        return {
+            "mixture": [
+                {"name": n, "weight": round(w, 12), **i}
+                for n, w, i in zip(self.names, self.weights, ids, strict=True)
+            ]
+        }
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{n} {w:.0%} ({len(s.train):,} train tokens)"
+            for n, w, s in zip(self.names, self.weights, self.sources, strict=True)
+        )
+
+
+def _identity(meta: dict) -> dict[str, Any]:
+    return {
+        "train_tokens": meta.get("train_tokens"),
+        "val_tokens": meta.get("val_tokens"),
+        "sources": [s.get("sha256") for s in meta.get("sources", [])],
+    }
+
+
+def load_mix(data_dir: list[str] | str | None, vocab_size: int, block_size: int) -> DataMix:
+    """Every source opened and checked (data.load_token_data), its weight normalised."""
+    specs = data_specs(data_dir)
+    sources = [load_token_data(s.path, vocab_size, block_size) for s in specs]
+    raw = [
+        s.weight if s.weight is not None else len(d.train)
+        for s, d in zip(specs, sources, strict=True)
+    ]
+    total = float(sum(raw))
+    return DataMix(
+        names=[Path(s.path).name for s in specs],
+        sources=sources,
+        weights=[w / total for w in raw],
+    )
+
+
+class MixtureSampler(TrainSampler):
+    """Training windows drawn from several sources in proportion to their weights."""
+
+    def __init__(self, mix: DataMix, block_size: int, batch_size: int, seed: int, rank: int):
+        super().__init__(mix.sources[0].train, block_size, batch_size, seed, rank)
+        self.samplers = [
+            TrainSampler(s.train, block_size, batch_size, seed, rank) for s in mix.sources
+        ]
+        self.bounds = np.cumsum(mix.weights)[:-1]  # source k: unit in [bounds[k-1], bounds[k])
+
+    def sources(self, first: int, count: int) -> np.ndarray:
+        """The source index of sequences first .. first + count - 1 of this rank's stream."""
+        return np.searchsorted(self.bounds, self.units(first, count, word=1), side="right")
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        first, count = self.sequences, self.batch_size
+        picks = self.sources(first, count)
+        unit = self.units(first, count)  # each source scales the same draw to its own length
+        starts = [s.offsets(unit) for s in self.samplers]
+        windows = [
+            self.samplers[k].tokens[starts[k][j] : starts[k][j] + self.block_size + 1]
+            for j, k in enumerate(picks)
+        ]
+        self.sequences += count
+        return xy_batch(windows)
+
+    def load_state_dict(self, state: dict) -> None:
+        if "sequences" not in state:
+            raise DataError("sampler state of a single-source run cannot resume a mixture")
+        super().load_state_dict(state)

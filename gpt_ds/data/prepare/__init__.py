@@ -1,0 +1,1 @@
+"""Text, JSONL, Parquet/Arrow and Hugging Face datasets to token files, in parallel chunks."""

@@ -1,0 +1,198 @@
+"""Token data for training and evaluation: checked memmaps, a per-rank sampler, eval windows.
+
+`train.bin`/`val.bin` are flat uint16 GPT-2 token ids (nanoGPT's format) described by
+`meta.json` (written by tools/prepare_data.py), or a folder nanoGPT's own prepare.py wrote.
+Training windows come from a counter-based sampler: sequence i of a rank's stream is a pure
+function of (seed, rank, i), so the sampler's whole state is one integer (sequences drawn), a
+resumed run sees exactly the data an uninterrupted one would, and the micro-batch /
+accumulation split of a step does not matter.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpt_ds.base.dist import print0
+from gpt_ds.base.errors import DataError
+from gpt_ds.base.tool_names import tool
+from gpt_ds.data.nanogpt import nanogpt_meta
+from gpt_ds.data.nanogpt import note as nanogpt_note
+from gpt_ds.data.token_format import DTYPE, FORMAT, INCOMPLETE_MARKER, rebuild_command
+
+SCAN_CHUNK = 1 << 24  # tokens per chunk when checking ids (32 MB of uint16)
+
+
+@dataclass
+class TokenData:
+    train: np.ndarray  # memmap, uint16
+    val: np.ndarray
+    meta: dict
+
+
+def load_token_data(data_dir: str | Path, vocab_size: int, block_size: int) -> TokenData:
+    """Open and check a prepared dataset; every problem is a DataError naming the file.
+
+    Checks: meta.json parses and describes GPT-2 tokens of our tokenizer, each .bin has exactly
+    the size meta.json promises (a truncated copy is caught), no id is beyond the vocabulary,
+    and both splits hold at least one block + 1 tokens. A folder with no meta.json is read as
+    nanoGPT's (`gpt_ds.data.nanogpt`), unless an interrupted tools/prepare_data.py left it.
+    """
+    data_dir = Path(data_dir)
+    if (data_dir / "meta.json").exists() or (data_dir / INCOMPLETE_MARKER).exists():
+        meta = _read_meta(data_dir, vocab_size)
+    else:
+        meta = nanogpt_meta(data_dir)
+        print0(nanogpt_note(data_dir))
+    splits = {}
+    for split in ("train", "val"):
+        path = data_dir / f"{split}.bin"
+        expected = int(meta.get(f"{split}_tokens", -1))
+        size = path.stat().st_size if path.exists() else -1
+        if size != expected * 2:
+            raise DataError(
+                f"{path}: {size} bytes, but meta.json says {expected} uint16 tokens "
+                f"({expected * 2} bytes): the file is truncated or from another dataset; "
+                f"{rebuild_command(data_dir)}"
+            )
+        if expected < block_size + 1:
+            raise DataError(
+                f"{path}: {expected} tokens, fewer than one block of {block_size} + 1; "
+                "use more data, a larger --val_fraction, or a smaller --block_size"
+            )
+        tokens = np.memmap(path, dtype=DTYPE, mode="r")
+        _check_ids(tokens, vocab_size, path)
+        splits[split] = tokens
+    return TokenData(train=splits["train"], val=splits["val"], meta=meta)
+
+
+def _read_meta(data_dir: Path, vocab_size: int) -> dict:
+    """meta.json, checked against this package's format and tokenizer."""
+    from gpt_ds.data.tokenizer import tokenizer_fingerprint
+
+    meta_path = data_dir / "meta.json"
+    hint = rebuild_command(data_dir)
+    if not meta_path.exists():  # the marker without meta.json: the .bin files may be mixed
+        raise DataError(
+            f"{data_dir}: an interrupted {tool('prepare_data')} left it half-written (no "
+            f"meta.json; train.bin and val.bin may be from different runs); {hint}"
+        )
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"{meta_path}: cannot read dataset description: {exc}") from exc
+    if meta.get("format") != FORMAT or meta.get("dtype") != DTYPE:
+        raise DataError(f"{meta_path}: not a gpt_ds token dataset (format/dtype); {hint}")
+    if meta.get("tokenizer") != "gpt2" or meta.get("tokenizer_sha256") != tokenizer_fingerprint():
+        raise DataError(
+            f"{meta_path}: made with tokenizer {meta.get('tokenizer')!r} "
+            f"({meta.get('tokenizer_sha256')}), not this package's GPT-2 BPE; {hint}"
+        )
+    if meta.get("vocab_size", 0) > vocab_size:
+        raise DataError(
+            f"{meta_path}: vocab_size {meta['vocab_size']} exceeds the model's {vocab_size}"
+        )
+    return meta
+
+
+def _check_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
+    for start in range(0, len(tokens), SCAN_CHUNK):
+        chunk = tokens[start : start + SCAN_CHUNK]
+        top = int(chunk.max())
+        if top >= vocab_size:
+            pos = start + int(np.argmax(chunk >= vocab_size))
+            raise DataError(
+                f"{path}: token id {int(tokens[pos])} at position {pos} is beyond the "
+                f"vocabulary ({vocab_size}); the file is corrupt or from another tokenizer"
+            )
+
+
+class TrainSampler:
+    """Random training windows for one rank: the rank's sample stream is a pure function of
+    (seed, rank, sequence index).
+
+    Sequence i starts at an offset drawn from Philox, a counter-based generator, keyed by
+    (seed, rank) at counter i: any stretch of the stream is computed directly, without drawing
+    what comes before it. So how a rank's batch is split into micro-batches (`--micro_batch_size
+    2 --grad_accum 4` or `8 --grad_accum 1`) does not change which sequences it sees, and the
+    sampler's whole state is one integer, the sequences drawn so far.
+
+    `next_batch()` returns (x, y) of shape (B, T): y is x shifted by one token.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int):
+        self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
+        self.seed, self.rank = seed, rank
+        self.sequences = 0  # drawn so far from this rank's stream
+
+    def units(self, first: int, count: int, word: int = 0) -> np.ndarray:
+        """Uniforms in [0, 1) of sequences first .. first + count - 1 of this rank's stream:
+        each counter step gives four 64-bit words; sequence i takes word `word` after counter i
+        (0 places its window; mixture.py draws its source from 1)."""
+        key = np.array([self.seed % 2**64, self.rank], dtype=np.uint64)
+        raw = np.random.Philox(key=key, counter=first).random_raw(4 * count)[word::4]
+        return (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53  # 53 random bits
+
+    def starts(self, first: int, count: int) -> np.ndarray:
+        """Window offsets of sequences first .. first + count - 1 of this rank's stream."""
+        return self.offsets(self.units(first, count))
+
+    def offsets(self, unit: np.ndarray) -> np.ndarray:
+        """Window offsets in these tokens for uniforms in [0, 1)."""
+        high = len(self.tokens) - self.block_size - 1  # offsets 0 .. high - 1
+        return np.minimum((unit * high).astype(np.int64), high - 1)  # rounding never gives high
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = self.starts(self.sequences, self.batch_size)
+        self.sequences += self.batch_size
+        return window_batch(self.tokens, starts, self.block_size)
+
+    def state_dict(self) -> dict:
+        return {
+            "seed": self.seed,
+            "rank": self.rank,
+            "sequences": self.sequences,
+            "micro_batch_size": self.batch_size,  # for the record; the state is `sequences`
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue after the state's `sequences`. A state of gpt_ds before the per-sequence
+        stream counts micro-batches (`position`): it continues after position x the saved
+        micro-batch (`micro_batch_size`, which the checkpoint loader adds from the manifest;
+        else this run's) sequences: as far along the new stream as the old run had drawn, but
+        other windows than the old code would have drawn next (not a bit-identical
+        continuation of a pre-change run)."""
+        if state["seed"] != self.seed:
+            raise DataError(f"sampler state has seed {state['seed']}, this run {self.seed}")
+        if "sequences" in state:
+            self.sequences = int(state["sequences"])
+        else:
+            micro = state.get("micro_batch_size") or self.batch_size
+            self.sequences = int(state["position"]) * int(micro)
+
+
+def eval_windows(num_tokens: int, block_size: int, count: int) -> np.ndarray:
+    """Start offsets of `count` fixed windows spread evenly over the val split.
+
+    Fixed (not random) so every evaluation, in every run and at every world size, scores the
+    same tokens. Windows do not overlap while the split is long enough.
+    """
+    last = num_tokens - block_size - 1
+    if count <= 1:
+        return np.zeros(1, dtype=np.int64)
+    return np.linspace(0, last, num=count).round().astype(np.int64)
+
+
+def window_batch(tokens: np.ndarray, starts: np.ndarray, block_size: int):
+    """(x, y) for the given window starts; shape (len(starts), block_size)."""
+    return xy_batch([tokens[s : s + block_size + 1] for s in starts])
+
+
+def xy_batch(windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) from windows of block_size + 1 tokens: y is x shifted by one token."""
+    batch = torch.from_numpy(np.stack(windows).astype(np.int64))
+    return batch[:, :-1], batch[:, 1:]

@@ -1,0 +1,3 @@
+"""The DeepSpeed config: schema and presets, RunSettings, filling "auto" (batch, precision,
+optimizer, schedule).
+"""

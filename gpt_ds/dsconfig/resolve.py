@@ -1,0 +1,342 @@
+"""DeepSpeed configs: load a preset, check it against the schema, fill "auto" from the run.
+
+    raw = load_ds_config("ds_configs/zero2.json")            # every schema problem at once
+    resolved = resolve_ds_config(raw, RunSettings(world_size=2, max_iters=2000), source=path)
+    deepspeed.initialize(model=..., config=resolved.config)  # no "auto" left
+
+Every "auto" a config written for the Hugging Face Trainer may hold is filled as the Trainer's
+integration fills it (ds_configs/README.md, "Configs written for the HF Trainer"); the optimizer
+and LR-schedule sections are ds_schedule.py's. Everything here is pure Python (no process group,
+no model), so a bad config or batch arithmetic fails in a second, before DeepSpeed starts.
+DeepSpeed's own validation is partial: it ignores a misspelled top-level section and coerces "2"
+to 2; the schema rejects both.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.dsconfig.precision import detect_precision, precision_refusal
+from gpt_ds.dsconfig.schedule import fill_optimizer_and_schedule, is_set
+from gpt_ds.dsconfig.schema import validate_ds_config
+from gpt_ds.dsconfig.settings import CLI_FLAGS, RunSettings
+
+DEFAULT_MICRO_BATCH = 4
+DEFAULT_GRAD_ACCUM = 1
+DEFAULT_GRAD_CLIP = 1.0
+
+# ZeRO sizes "auto" may take, derived from the model's width h as the HF Trainer derives them
+# (transformers' HfTrainerDeepSpeedConfig.trainer_config_finalize): (rule, formula, fallback).
+# Without a model (a tool resolving a config alone) the presets' sizes stand in; see
+# ds_configs/README.md for why those sizes.
+_WIDTH_SIZES = {
+    "reduce_bucket_size": (lambda h: h * h, "h*h", 50_000_000),
+    "stage3_prefetch_bucket_size": (lambda h: int(0.9 * h * h), "0.9*h*h", 50_000_000),
+    "stage3_param_persistence_threshold": (lambda h: 10 * h, "10*h", 100_000),
+}
+# DeepSpeed's own "auto", which DeepSpeed resolves itself.
+_DEEPSPEED_AUTOS = ("data_types.keep_in_fp32_modules",)
+
+
+# Monitor sections whose package DeepSpeed imports only inside deepspeed.initialize.
+_MONITOR_PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboard", None),
+    "wandb": ("wandb", "wandb", None),
+    "comet": ("comet_ml", "comet_ml", (3, 41, 0)),
+}
+
+
+@dataclass
+class ResolvedDsConfig:
+    """A DeepSpeed config with every "auto" filled, and what was decided, for the run's log."""
+
+    config: dict
+    """Ready for deepspeed.initialize(config=...)."""
+    precision: str
+    """"bf16", "fp16" or "fp32"."""
+    micro_batch_size: int
+    grad_accum: int
+    train_batch_size: int
+    """micro_batch_size x grad_accum x world_size."""
+    notes: list[str] = field(default_factory=list)
+    """Human-readable lines: each decision and where it came from."""
+    lr: float | None = None
+    min_lr: float | None = None
+    warmup_iters: int | None = None
+    grad_clip: float | None = None
+
+    @property
+    def zero_stage(self) -> int:
+        return int(self.config.get("zero_optimization", {}).get("stage", 0))
+
+
+# ----------------------------------------------------------------------------------------------
+# Resolution
+
+
+def resolve_ds_config(
+    raw: dict, run: RunSettings, source: str = "the DeepSpeed config"
+) -> ResolvedDsConfig:
+    """Fill every "auto" of a schema-valid config from `run` (or a default), check the batch
+    arithmetic, pick the precision and check that enabled monitors can be imported. A value set
+    both in the config and on the command line must agree. Raises one ConfigError with every
+    problem; `raw` is not modified."""
+    problems = validate_ds_config(raw)
+    if problems:
+        raise ConfigError(problems, source)
+    problems = run.problems()
+    if problems:
+        raise ConfigError(problems, source)
+
+    r = _Resolver(copy.deepcopy(raw), run, source)
+    micro, accum, total = r.batch()
+    precision = r.precision()
+    lr, min_lr, warmup = fill_optimizer_and_schedule(r)
+    grad_clip = r.grad_clip()
+    r.zero_sizes()
+    r.monitors()
+    r.leftover_autos()
+    if run.load_universal:
+        r.cfg.setdefault("checkpoint", {})["load_universal"] = True
+    if not r.problems:  # each filled value must satisfy the schema like a written one
+        r.problems = [f'{p} (after filling "auto")' for p in validate_ds_config(r.cfg)]
+    if r.problems:
+        raise ConfigError(r.problems, source)
+    return ResolvedDsConfig(
+        config=r.cfg,
+        precision=precision,
+        micro_batch_size=micro,
+        grad_accum=accum,
+        train_batch_size=total,
+        notes=r.notes,
+        lr=lr,
+        min_lr=min_lr,
+        warmup_iters=warmup,
+        grad_clip=grad_clip,
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9)
+    return a == b
+
+
+class _Resolver:
+    """One resolution: the config being filled, with the problems and notes collected so far."""
+
+    def __init__(self, cfg: dict, run: RunSettings, source: str):
+        self.cfg, self.run, self.source = cfg, run, source
+        self.problems: list[str] = []
+        self.notes: list[str] = []
+
+    def pick(self, key: str, cfg_value: Any, run_field: str, default: Any = None):
+        """The value for `key` and where it came from: the config if concrete, else the command
+        line, else `default`. Concrete in both places and different: a problem."""
+        run_value = getattr(self.run, run_field)
+        flag = CLI_FLAGS[run_field]
+        if is_set(cfg_value):
+            if run_value is not None and not _same(cfg_value, run_value):
+                self.problems.append(
+                    f"{key} is {cfg_value} in {self.source} but {flag} {run_value} was given; "
+                    f'remove one (or set {key} to "auto")'
+                )
+            return cfg_value, self.source
+        if run_value is not None:
+            return run_value, flag
+        return default, "default"
+
+    # -- batch ---------------------------------------------------------------------------------
+
+    def batch(self) -> tuple[int, int, int]:
+        cfg, world = self.cfg, self.run.world_size
+        micro, micro_from = self.pick(
+            "train_micro_batch_size_per_gpu",
+            cfg.get("train_micro_batch_size_per_gpu"),
+            "micro_batch_size",
+        )
+        accum, accum_from = self.pick(
+            "gradient_accumulation_steps", cfg.get("gradient_accumulation_steps"), "grad_accum"
+        )
+        total = cfg.get("train_batch_size") if is_set(cfg.get("train_batch_size")) else None
+
+        if total is None:
+            micro = micro if micro is not None else DEFAULT_MICRO_BATCH
+            accum = accum if accum is not None else DEFAULT_GRAD_ACCUM
+            total = micro * accum * world
+        elif micro is not None and accum is not None:
+            if total != micro * accum * world:
+                self.problems.append(
+                    f"train_batch_size {total} != train_micro_batch_size_per_gpu {micro} "
+                    f"({micro_from}) x gradient_accumulation_steps {accum} ({accum_from}) x "
+                    f"world size {world} (= {micro * accum * world}); "
+                    'change one of them or set train_batch_size to "auto"'
+                )
+        elif micro is not None:
+            accum = self._derive(total, micro, world, "train_micro_batch_size_per_gpu")
+        elif accum is not None:
+            micro = self._derive(total, accum, world, "gradient_accumulation_steps")
+        elif total % (DEFAULT_MICRO_BATCH * world) == 0:
+            micro, accum = DEFAULT_MICRO_BATCH, total // (DEFAULT_MICRO_BATCH * world)
+        else:
+            accum = DEFAULT_GRAD_ACCUM
+            micro = self._derive(total, accum, world, "gradient_accumulation_steps")
+
+        micro, accum = micro or 1, accum or 1  # only None/0 after a reported problem
+        cfg["train_batch_size"] = total
+        cfg["train_micro_batch_size_per_gpu"] = micro
+        cfg["gradient_accumulation_steps"] = accum
+        self.notes.append(
+            f"batch: {micro} per rank x {accum} accumulation steps x {world} ranks "
+            f"= {total} sequences per optimizer step"
+        )
+        return micro, accum, total
+
+    def _derive(self, total: int, known: int, world: int, known_key: str) -> int | None:
+        """The missing factor of total = known x missing x world, if it is a whole number."""
+        if total % (known * world) == 0:
+            return total // (known * world)
+        missing = (
+            "gradient_accumulation_steps"
+            if known_key == "train_micro_batch_size_per_gpu"
+            else "train_micro_batch_size_per_gpu"
+        )
+        self.problems.append(
+            f"train_batch_size {total} is not divisible by {known_key} {known} x world size "
+            f"{world} (= {known * world}), so {missing} cannot be derived; change "
+            f"train_batch_size or {known_key}"
+        )
+        return None
+
+    # -- precision -----------------------------------------------------------------------------
+
+    def precision(self) -> str:
+        cfg = self.cfg
+        bf16 = cfg.get("bf16", {}).get("enabled")
+        fp16 = cfg.get("fp16", {}).get("enabled")
+        forced = self.run.precision if self.run.precision not in (None, "auto") else None
+
+        pinned, why = None, ""
+        if bf16 is True and fp16 is True:
+            self.problems.append(
+                f"bf16.enabled and fp16.enabled are both true in {self.source}; enable at most one"
+            )
+            return "fp32"
+        if bf16 is True:
+            pinned, why = "bf16", "bf16.enabled is true"
+        elif fp16 is True:
+            pinned, why = "fp16", "fp16.enabled is true"
+        elif bf16 is False and fp16 is False:
+            pinned, why = "fp32", "bf16.enabled and fp16.enabled are false"
+        disabled = {p for p, v in (("bf16", bf16), ("fp16", fp16)) if v is False}
+
+        if pinned is not None:
+            if forced is not None and forced != pinned:
+                self.problems.append(
+                    f"{why} in {self.source} (precision {pinned}) but --precision {forced} was "
+                    'given; remove one (or set bf16.enabled and fp16.enabled to "auto")'
+                )
+            precision, reason = pinned, f"{why} in {self.source}"
+        elif forced is not None:
+            if forced in disabled:
+                self.problems.append(
+                    f"{forced}.enabled is false in {self.source} but --precision {forced} was "
+                    f'given; remove one (or set {forced}.enabled to "auto")'
+                )
+            precision, reason = forced, f"--precision {forced}"
+        else:
+            precision, reason = detect_precision()
+            if precision in disabled:
+                reason = f"{reason}, but {precision}.enabled is false in {self.source}"
+                precision = "fp32"
+
+        if refusal := precision_refusal(precision):  # before any rank builds a model
+            self.problems.append(f"{reason}: {refusal}")
+        cfg.setdefault("bf16", {})["enabled"] = precision == "bf16"
+        cfg.setdefault("fp16", {})["enabled"] = precision == "fp16"
+        self.notes.append(f"precision: {precision} ({reason})")
+        return precision
+
+    def grad_clip(self) -> float:
+        clip, clip_from = self.pick(
+            "gradient_clipping", self.cfg.get("gradient_clipping"), "grad_clip", DEFAULT_GRAD_CLIP
+        )
+        self.cfg["gradient_clipping"] = clip
+        state = "off" if clip == 0 else f"global norm {clip:g}"
+        self.notes.append(f"gradient clipping: {state} ({clip_from})")
+        return clip
+
+    # -- ZeRO sizes ------------------------------------------------------------------------------
+
+    def zero_sizes(self) -> None:
+        """ZeRO sizes set to "auto": from the model's width, as the HF Trainer sets them. The
+        stage3_ ones are filled below ZeRO-3 too (DeepSpeed ignores them there)."""
+        zero = self.cfg.get("zero_optimization") or {}
+        keys = [key for key in _WIDTH_SIZES if zero.get(key) == "auto"]
+        if not keys:
+            return
+        h = self.run.hidden_size
+        for key in keys:
+            rule, _, fallback = _WIDTH_SIZES[key]
+            zero[key] = rule(h) if h else fallback
+        if h:
+            sizes = ", ".join(f"{k} {zero[k]:,} ({_WIDTH_SIZES[k][1]})" for k in keys)
+            why = f"h = the model's width {h}, as the HF Trainer derives them"
+        else:
+            sizes = ", ".join(f"{k} {zero[k]:,}" for k in keys)
+            why = "the model's width is unknown here: the presets' sizes"
+        self.notes.append(f'ZeRO sizes (were "auto"): {sizes}; {why}')
+
+    # -- monitors and leftovers ----------------------------------------------------------------
+
+    def monitors(self) -> None:
+        for section, (module, package, min_version) in _MONITOR_PACKAGES.items():
+            if not self.cfg.get(section, {}).get("enabled"):
+                continue
+            if importlib.util.find_spec(module) is None:
+                flag = {"tensorboard": "--tensorboard_dir", "wandb": "--wandb_project"}.get(section)
+                how = "pip install 'gpt_ds[monitor]'" if flag else f"pip install {package}"
+                drop = f"drop {flag} or set" if flag else "set"
+                self.problems.append(
+                    f"{section}.enabled is true but the '{package}' package is not installed: "
+                    f"{how}, or {drop} {section}.enabled to false"
+                )
+            elif min_version and _version_tuple(metadata.version(package)) < min_version:
+                need = ".".join(map(str, min_version))
+                self.problems.append(
+                    f"{section}.enabled is true but DeepSpeed needs {package}>={need}: "
+                    f'pip install "{package}>={need}", or set {section}.enabled to false'
+                )
+
+    def leftover_autos(self) -> None:
+        """An "auto" the schema allows but nothing above filled (e.g. in a torch scheduler)."""
+        for where in _auto_paths(self.cfg):
+            if where in _DEEPSPEED_AUTOS:
+                continue
+            section = self.cfg.get(where.split(".")[0])
+            kind = section.get("type") if isinstance(section, dict) else None
+            of = f" for {kind}" if isinstance(kind, str) else ""
+            self.problems.append(f'{where}: "auto" is not filled by gpt_ds{of}; set a value')
+
+
+def _auto_paths(node: Any, where: str = "") -> list[str]:
+    """The JSON path of every "auto" in `node`."""
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _auto_paths(v, f"{where}.{k}".lstrip("."))]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _auto_paths(v, f"{where}[{i}]")]
+    return [where] if node == "auto" else []
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)

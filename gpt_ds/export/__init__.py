@@ -1,0 +1,1 @@
+"""ZeRO checkpoint to a Hugging Face directory (streamed), and text generation."""

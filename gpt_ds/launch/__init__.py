@@ -1,0 +1,1 @@
+"""Before and around a launch: hostfiles, preflight over ssh, GPU support checks, rank counts."""

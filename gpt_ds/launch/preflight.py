@@ -1,0 +1,225 @@
+"""Check every node of a hostfile before a multi-node launch, and say how to fix what is wrong.
+
+For each host, over `ssh -o BatchMode=yes` (what DeepSpeed's pdsh runner needs: a key, no
+password, a known host key), one small Python program runs with the interpreter DeepSpeed will
+use there (the launcher's own path, as the pdsh runner does) and the environment the ranks get
+(`.deepspeed_env`, PYTHON* variables, PYTHONPATH = the project). It reports:
+
+  ssh        reachable without a password
+  project    the project directory exists at the same path, with the same code and configs
+  python     same Python version          torch / deepspeed   same versions as here
+  devices    GPUs torch sees (or 0/cpu), enough for the hostfile's slots (or --expected_devices),
+             and usable: the driver new enough for torch's CUDA, kernels for every card's
+             architecture, DeepSpeed on the GPUs (not silently on CPU): gpt_ds.launch.gpu_support
+  master     a TCP connection to the master address works from there (see MasterListener)
+  disk       free space and write access at the checkpoint directory
+
+Hosts are checked concurrently, each within --timeout seconds. The result is a table of hosts x
+checks and one "fix:" line per failure. gpt_ds/commands/preflight.py is the command line
+(`gpt-ds-preflight`, `tools/preflight.py`), with the options of `PreflightOptions`. The probe
+and how it reaches the nodes are in `gpt_ds.launch.probe`; the verdicts and the table in
+`gpt_ds.launch.checks`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpt_ds.base.cli import option
+from gpt_ds.base.errors import ConfigError, GptDsError
+from gpt_ds.launch.checks import (
+    CHECKS,
+    Check,
+    HostReport,
+    PreflightResult,
+    code_check,
+    devices_check,
+    disk_check,
+    gpu_check,
+    master_check,
+    ssh_failure,
+    version_check,
+)
+from gpt_ds.launch.gpu_support import parse_probe_facts, probe_source
+from gpt_ds.launch.hostfile import HostEntry, read_hostfile
+from gpt_ds.launch.probe import (
+    MasterListener,
+    ProbeRun,
+    deepspeed_exports,
+    parse_probe_output,
+    probe_script,
+    remote_command,
+    run_probe,
+    ssh_base,
+)
+
+DEFAULT_MASTER_PORT = 29500  # DeepSpeed's TORCH_DISTRIBUTED_DEFAULT_PORT
+
+
+@dataclass
+class PreflightOptions:
+    """Check every node of a DeepSpeed hostfile before launching: ssh, project path and code,
+    Python/torch/deepspeed versions, devices, master reachability, disk. Paths are as every node
+    sees them (DeepSpeed needs identical paths)."""
+
+    hostfile: str | None = option(None, "DeepSpeed hostfile (HOST slots=N lines)", one_of="where")
+    local: bool = option(
+        False,
+        "check this machine only, no ssh (single node, or one node of a --no_ssh launch)",
+        one_of="where",
+    )
+    slots: int | None = option(None, "with --local: ranks on this machine (default: its GPUs)")
+    node_rank: int = option(
+        0,
+        "with --local, in a --no_ssh launch: this node's rank (only node 0 binds the "
+        "master port; the others check that they can reach it)",
+    )
+    master_addr: str | None = option(
+        None, "master address (default: the hostfile's first host, as DeepSpeed picks; 127.0.0.1)"
+    )
+    master_port: int = option(DEFAULT_MASTER_PORT, "master port")
+    expected_devices: int | None = option(None, "GPUs every node must see (default: >= its slots)")
+    checkpoint_dir: str = option("out", "the run's --out_dir (relative: in the project)")
+    min_free_gb: float = option(20.0, "free disk needed there")
+    ssh_port: int | None = option(
+        None, "ssh port (as `deepspeed --ssh_port`; default: ~/.ssh/config or 22)"
+    )
+    timeout: float = option(30.0, "seconds per host, ssh connection and remote checks together")
+    python: str = option(
+        help="interpreter the ranks run (DeepSpeed: the launcher's, i.e. this one)",
+        default_factory=lambda: sys.executable,
+    )
+    project_dir: str = option(
+        help="project path on every node (DeepSpeed `cd`s there)", default_factory=os.getcwd
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Judging one host.
+
+
+def judge_host(
+    entry: HostEntry, run: ProbeRun, local: dict, opts: PreflightOptions, listener: MasterListener
+) -> HostReport:
+    """Turn one host's probe run into its row of checks."""
+    report = HostReport(entry.host, entry.slots, {name: Check(None) for name in CHECKS})
+    host, checks = entry.host, report.checks
+    if run.returncode == -1 or run.returncode == 255:
+        checks["ssh"] = ssh_failure(host, run.returncode, run.stderr)
+        return report
+    checks["ssh"] = Check(True, "ok")
+    remote = parse_probe_output(run.stdout)
+    if remote is None:
+        tail = (run.stderr.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
+        missing = run.returncode == 127 or "No such file" in run.stderr
+        checks["python"] = Check(
+            False,
+            "not found" if missing else "probe failed",
+            f"{opts.python} {'does not exist' if missing else 'fails'} on {host} ({tail}): "
+            "install the same environment at the same path on every node",
+        )
+        return report
+    checks["project"] = code_check(remote, local, opts.project_dir, host)
+    for name in ("python", "torch", "deepspeed"):
+        checks[name] = version_check(name, remote, local, host, opts.python)
+    devices = devices_check(remote, local, entry.slots, opts.expected_devices, host)
+    checks["devices"] = gpu_check(devices, parse_probe_facts(run.stdout))
+    checks["master"] = master_check(remote, listener, host)
+    ckpt = _abs_checkpoint_dir(opts)
+    checks["disk"] = disk_check(remote, opts.min_free_gb, ckpt, host)
+    return report
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole check.
+
+
+def _abs_checkpoint_dir(opts: PreflightOptions) -> str:
+    return os.path.normpath(os.path.join(opts.project_dir, opts.checkpoint_dir))
+
+
+def code_files(project_dir: str) -> list[str]:
+    """The files every node must have identical: the package and the DeepSpeed presets."""
+    root = Path(project_dir)
+    files = [*root.glob("gpt_ds/**/*.py"), *root.glob("ds_configs/*.json")]
+    return sorted(str(p.relative_to(root)) for p in files if "__pycache__" not in p.parts)
+
+
+def _entries(opts: PreflightOptions) -> list[HostEntry]:
+    """The hosts to check: the hostfile's, or this machine with opts.local."""
+    if opts.local:
+        return [HostEntry(socket.gethostname(), opts.slots or 0, 0)]
+    if opts.hostfile:
+        return read_hostfile(opts.hostfile)
+    raise ConfigError("give --hostfile HOSTFILE, or --local to check this machine only")
+
+
+def _probe_request(opts: PreflightOptions, master_addr: str) -> dict:
+    """What the probe is asked to look at on every node."""
+    return {
+        "project_dir": opts.project_dir,
+        "code_files": code_files(opts.project_dir),
+        "checkpoint_dir": _abs_checkpoint_dir(opts),
+        "master": {
+            "addr": master_addr,
+            "port": opts.master_port,
+            "timeout": max(1.0, min(opts.timeout / 3, 10.0)),
+        },
+    }
+
+
+def _probe_all(
+    opts: PreflightOptions, remote: list[HostEntry], script: str, shell: str, env: dict[str, str]
+) -> tuple[ProbeRun, list[ProbeRun]]:
+    """Run the probe here and on every remote host at once: (here, each remote host)."""
+    with ThreadPoolExecutor(max_workers=min(32, len(remote) + 1)) as pool:
+        here = pool.submit(run_probe, ["sh", "-c", shell], script, opts.timeout, env)
+        there = [
+            pool.submit(
+                run_probe,
+                [*ssh_base(e.host, opts.timeout, opts.ssh_port), shell],
+                script,
+                opts.timeout,
+            )
+            for e in remote
+        ]
+        return here.result(), [f.result() for f in there]
+
+
+def run_preflight(opts: PreflightOptions, env: dict[str, str] | None = None) -> PreflightResult:
+    """Check every host of the hostfile concurrently (or this machine alone with opts.local).
+    Raises ConfigError for bad options or hostfile, GptDsError when the probe cannot run here."""
+    env = dict(os.environ if env is None else env)
+    entries = _entries(opts)
+    opts = dataclasses.replace(opts, project_dir=os.path.abspath(opts.project_dir))
+    exports, problems = deepspeed_exports(opts.project_dir, env)
+    if opts.local:  # no remote ranks: the local environment is what counts
+        exports, problems = {}, []
+    master_addr = opts.master_addr or ("127.0.0.1" if opts.local else entries[0].host)
+    listen = not (opts.local and opts.node_rank > 0)
+    with MasterListener(master_addr, opts.master_port, listen) as listener:
+        script = probe_script(_probe_request(opts, master_addr)) + probe_source()
+        shell = remote_command(opts.python, exports)
+        here, runs = _probe_all(opts, [] if opts.local else entries, script, shell, env)
+        local = parse_probe_output(here.stdout)
+        if local is None:
+            raise GptDsError(
+                f"preflight cannot run its probe on this node with {opts.python} "
+                f"(exit {here.returncode}): {here.stderr.strip()[-500:]}"
+            )
+        if opts.local:
+            runs = [here]
+            if opts.slots is None:
+                entries = [HostEntry(entries[0].host, local.get("device_count") or 0, 0)]
+        reports = [
+            judge_host(e, run, local, opts, listener) for e, run in zip(entries, runs, strict=True)
+        ]
+    if opts.local:
+        reports[0].checks["ssh"] = Check(None, "local")
+    return PreflightResult(local, reports, problems, listener.description)

@@ -1,0 +1,56 @@
+"""The model gpt_ds trains: `GPT2LMHeadModel`, whose forward also takes `targets` and then
+returns the chunked loss (chunked_loss.py) instead of the full logits.
+
+Same modules, parameter names and weights as GPT-2 (checkpoints and exports are unchanged); only
+the head's forward learns a second use. The loss is computed inside `lm_head`'s own forward so
+that under ZeRO-3 its weight (the tied embedding) is gathered for it as for the plain head, and
+the call goes through the DeepSpeed engine and the top-level forward, whose hooks ZeRO-3 needs.
+Imported lazily (transformers is slow to import).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GPT2LMHeadModel
+
+from gpt_ds.model.chunked_loss import chunked_cross_entropy
+
+
+class LossHead(torch.nn.Linear):
+    """GPT-2's LM head: logits as usual, or, given `targets`, their mean cross-entropy."""
+
+    chunk_rows: int | None = None  # tokens per chunk; None: chunked_loss.chunk_rows
+    tokens: int | None = None  # the real vocabulary when the rows are padded beyond it
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if targets is None:
+            return super().forward(hidden)
+        return chunked_cross_entropy(
+            hidden, self.weight, targets, rows=self.chunk_rows, tokens=self.tokens
+        )
+
+
+class GPT2TrainingModel(GPT2LMHeadModel):
+    """`model(input_ids=x, targets=y)` -> mean next-token loss (y already shifted); any other
+    call is GPT2LMHeadModel's."""
+
+    takes_targets = True  # model.lm_loss routes the loss through forward(targets=...)
+
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        """GPT-2's own modules: initialise them as GPT-2's. For a class defined outside
+        transformers, its initialize_weights skips a module whose own parameters are already
+        set, so GPT-2's scaled c_proj init (std 0.02/sqrt(2 n_layer)) never ran."""
+        return False
+
+    def __init__(self, config):
+        super().__init__(config)
+        # the same Linear, tied to the embedding as before: only its forward is extended
+        self.lm_head.__class__ = LossHead
+        self.lm_head.tokens = getattr(config, "token_vocab_size", None)
+
+    def forward(self, input_ids=None, targets=None, **kwargs):
+        if targets is None:
+            return super().forward(input_ids=input_ids, **kwargs)
+        hidden = self.transformer(input_ids=input_ids, use_cache=False).last_hidden_state
+        return self.lm_head(hidden, targets)

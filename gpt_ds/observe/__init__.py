@@ -1,0 +1,3 @@
+"""What a person watches: metrics and logs, monitors, the start-up report, MFU peaks, plots, host
+memory.
+"""

@@ -1,0 +1,362 @@
+"""The run's configuration: one dataclass, the command line generated from it, and validation.
+
+Every field's help is its `--help` text (gpt_ds/base/cli.py turns the dataclass into the parser).
+`RunSettings` is the part of it the DeepSpeed config depends on (ds_config.py fills "auto"
+from it); `RunSettings.problems` is the one check of those values. `validate()` collects every
+problem and raises once, so a user fixes them all in one go, before any rank builds a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpt_ds.base import cli
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.base.flag_file import load_flag_file
+from gpt_ds.base.tool_names import tool
+from gpt_ds.data.spec import DEFAULT_DATA_DIR, data_specs
+from gpt_ds.data.token_format import rebuild_command
+from gpt_ds.dsconfig.lr_schedule import SCHEDULES
+from gpt_ds.dsconfig.schema import PRESETS, preset_path
+from gpt_ds.dsconfig.settings import RunSettings
+from gpt_ds.model.gpt2 import MODEL_PRESETS, resolve_shape, shape_problems
+from gpt_ds.observe import host_memory
+
+option = cli.option
+_SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")
+DEFAULT_MODEL = "gpt2-tiny"
+
+
+@dataclass
+class RunConfig:
+    """Train GPT-2 with DeepSpeed ZeRO."""
+
+    config: str | None = option(
+        None,
+        'A JSON or YAML file of these flags ({"model": "gpt2", ...}), or a checkpoint\'s '
+        "gpt_ds.json to replay its run; flags on the command line override it.",
+    )
+    # --- DeepSpeed and model
+    deepspeed_config: str = option(
+        "zero2",
+        "DeepSpeed JSON config: a preset name (" + ", ".join(PRESETS) + "; ds_configs/) or a path.",
+    )
+    model: str | None = option(
+        None, "Model size preset: " + ", ".join(MODEL_PRESETS) + f" (default: {DEFAULT_MODEL})."
+    )
+    n_layer: int | None = option(None, "Override the preset's number of layers.")
+    n_head: int | None = option(None, "Override the preset's number of attention heads.")
+    n_embd: int | None = option(None, "Override the preset's embedding width.")
+    block_size: int | None = option(None, "Context length (default: the preset's).")
+    dropout: float = option(0.0, "Dropout probability (0 for pre-training).")
+    init_from: str = option(
+        "scratch",
+        "'scratch'; a Hugging Face GPT-2 directory or hub name; or an earlier gpt_ds run, "
+        "OUT_DIR[:TAG] (TAG: its latest if left out): a new run from those weights, at "
+        "iteration 0 with a fresh optimizer and schedule (--resume continues the same run).",
+    )
+    activation_checkpointing: bool = option(
+        False, "Recompute activations in backward (less memory)."
+    )
+    loss: str = option(
+        "chunked",
+        "chunked: the LM loss and its gradients a chunk of tokens at a time, never all the "
+        "tokens x vocabulary logits at once (less memory, faster); full: from the full logits, "
+        "as GPT2LMHeadModel computes it (same value to float rounding).",
+        choices=("chunked", "full"),
+    )
+    vocab_multiple: int = option(
+        64,
+        "Pad the token embedding to a multiple of this many rows when training from scratch "
+        "(50257 -> 50304 at 64: aligned GPU matmuls); padding rows are never predicted and are "
+        "stripped on export. 1: no padding.",
+    )
+    compile: bool = option(
+        False,
+        "torch.compile the model through the DeepSpeed engine (the first iteration compiles; "
+        "runs eager, saying why, where it cannot compile).",
+    )
+    precision: str = option(
+        "auto", "auto (bf16 where supported, fp16 on older GPUs, else fp32), bf16, fp16 or fp32."
+    )
+    # --- data and output
+    data_dir: list[str] | None = option(
+        None,
+        "Prepared data (train.bin, val.bin, meta.json); repeat for a mixture, each as "
+        "DIR[:WEIGHT] (weights: all or none; none = by train tokens). Default: "
+        f"{DEFAULT_DATA_DIR}.",
+        repeatable=True,
+    )
+    out_dir: str = option("out", "Checkpoints, metrics.jsonl and logs go here.")
+    # --- schedule
+    max_iters: int = option(200, "Optimizer steps to train for (one = grad_accum micro-batches).")
+    max_tokens: int | None = option(
+        None, "Train on this many tokens (all ranks) instead of --max_iters steps."
+    )
+    max_epochs: float | None = option(
+        None, "Train for this many passes over the train split instead of --max_iters steps."
+    )
+    lr: float | None = option(None, "Peak learning rate (default: the config's, else 6e-4).")
+    lr_schedule: str | None = option(
+        None,
+        "cosine, linear, constant or wsd (warmup-stable-decay), each after a linear warmup "
+        "(default: the DeepSpeed config's scheduler; gpt_ds's presets: cosine).",
+        choices=SCHEDULES,
+    )
+    min_lr: float | None = option(
+        None, "Final learning rate of the decay (default: lr/10; --lr_schedule linear: 0)."
+    )
+    wsd_decay_fraction: float = option(
+        0.2, "--lr_schedule wsd: the share of the steps at the end that decay to --min_lr."
+    )
+    warmup_iters: int | None = option(
+        None, "Linear warm-up steps (default min(100, max_iters/10))."
+    )
+    lr_decay_iters: int | None = option(
+        None, "Iteration where the cosine decay reaches min_lr (default --max_iters)."
+    )
+    grad_clip: float | None = option(None, "Gradient-norm clipping (default: the config's, 1.0).")
+    micro_batch_size: int | None = option(None, "Sequences per rank per forward pass.")
+    grad_accum: int | None = option(None, "Micro-batches accumulated per optimizer step.")
+    seed: int = option(1337, "Seed for initialisation, data order and dropout.")
+    # --- evaluation, logging, checkpoints
+    eval_interval: int = option(50, "Evaluate every N iterations; 0 = only at the end.")
+    save_interval: int | None = option(
+        None,
+        "Checkpoint every N iterations; 0 = only at the end (and on a stop request). "
+        "Default: --eval_interval.",
+    )
+    eval_iters: int = option(
+        20,
+        "Evaluation batches: eval_iters x micro_batch_size x grad_accum fixed val windows "
+        "(one rank's sequences per step: the split into micro-batches leaves the set as is), "
+        "shared among the ranks.",
+    )
+    log_interval: int = option(10, "Log training metrics every N iterations.")
+    peak_tflops: float | None = option(
+        None,
+        "Dense bf16 peak TFLOP/s of one GPU, for MFU (default: from the GPU's name; "
+        "needed for a GPU gpt_ds does not know).",
+    )
+    # --- monitors (DeepSpeed's; the DeepSpeed config's sections work too)
+    tensorboard_dir: str | None = option(
+        None,
+        "Write TensorBoard events under DIR/<run name> (pip install 'gpt_ds[monitor]').",
+        group="monitors",
+    )
+    wandb_project: str | None = option(
+        None,
+        "Log to this Weights & Biases project (WANDB_MODE=offline works without an API key).",
+        group="monitors",
+    )
+    wandb_run_name: str | None = option(
+        None, "The W&B run's name (default: the --out_dir folder's name).", group="monitors"
+    )
+    csv_dir: str | None = option(
+        None, "Write one CSV file per metric under DIR/<run name>.", group="monitors"
+    )
+    resume: str | None = option(
+        None,
+        "Resume from a checkpoint tag in out_dir ('--resume' alone: the latest; 'best': the "
+        "best by val loss).",
+        const="latest",
+    )
+    keep_last: int = option(0, "Keep only the newest N iter_* checkpoints (0 = keep all).")
+    save_only_on_improvement: bool = option(
+        False, "At eval points, save only when val loss improves."
+    )
+    early_stop_patience: int = option(
+        0,
+        "Stop after N evaluations in a row whose val loss is not below the best so far by "
+        "more than --early_stop_min_delta; saves `final` and names the best tag (0 = off).",
+    )
+    early_stop_min_delta: float = option(
+        0.0, "The val loss improvement an evaluation needs to reset --early_stop_patience."
+    )
+    no_checkpoint: bool = option(False, "Never write checkpoints (quick experiments).")
+    allow_batch_change: bool = option(
+        False,
+        "Let --resume continue with another world size, micro-batch or accumulation than the "
+        "checkpoint's (not an exact continuation; the change is logged).",
+    )
+    release_host_memory: str = option(
+        "auto",
+        "Give freed host memory blocks (1 MiB and up) back to the kernel at once: on, off, or "
+        "auto (on for CPU ranks and models of 100M+ parameters; see "
+        "gpt_ds/observe/host_memory.py).",
+        choices=host_memory.CHOICES,
+    )
+    dry_run: bool = option(
+        False,
+        "Build the model and the engine, report the memory every rank holds, and exit before "
+        "the first step (nothing written): does this run start, and fit?",
+    )
+    ignore_memory_estimate: bool = option(
+        False, "Start even when the memory estimate says the run does not fit."
+    )
+    # the launcher passes --local_rank=N (newer ones --local-rank)
+    local_rank: int = option(
+        -1, "Set by the DeepSpeed launcher.", aliases=("--local-rank",), hidden=True
+    )
+
+    @property
+    def model_preset(self) -> str:
+        """--model, or the default preset when none was given."""
+        return self.model or DEFAULT_MODEL
+
+    @property
+    def run_name(self) -> str:
+        """What the monitors call this run: --wandb_run_name, else the out dir's name."""
+        return self.wandb_run_name or Path(self.out_dir).resolve().name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def build_parser():
+    """The training command line: one flag per RunConfig field."""
+    return cli.build_parser(RunConfig)
+
+
+def parse_args(argv: list[str] | None = None) -> RunConfig:
+    """The run's flags: `--config FILE`'s values (flag_file.py), then the command line's."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    defaults = load_flag_file(known.config, RunConfig) if known.config else None
+    return cli.parse(RunConfig, argv, defaults=defaults)
+
+
+def run_settings(
+    cfg: RunConfig,
+    world_size: int | None = None,
+    load_universal: bool = False,
+    hidden_size: int | None = None,
+) -> RunSettings:
+    """What the run decides for the DeepSpeed config (world size: the launcher's)."""
+    return RunSettings(
+        load_universal=load_universal,
+        hidden_size=hidden_size,
+        world_size=world_size or int(os.environ.get("WORLD_SIZE", "1")),
+        micro_batch_size=cfg.micro_batch_size,
+        grad_accum=cfg.grad_accum,
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        warmup_iters=cfg.warmup_iters,
+        max_iters=cfg.lr_decay_iters or cfg.max_iters,
+        grad_clip=cfg.grad_clip,
+        precision=None if cfg.precision == "auto" else cfg.precision,
+    )
+
+
+def validate(cfg: RunConfig) -> None:
+    """Raise one ConfigError listing every problem with the run config (files checked too)."""
+    problems = _range_problems(cfg) + length_problems(cfg) + _file_problems(cfg)
+    if cfg.model_preset not in MODEL_PRESETS:
+        problems.append(
+            f"--model {cfg.model!r} is not a preset; choose one of {', '.join(MODEL_PRESETS)}"
+        )
+    elif all(getattr(cfg, n) is None or getattr(cfg, n) > 0 for n in _SHAPE_FIELDS):
+        shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
+        problems += shape_problems(shape)
+    if cfg.init_from != "scratch":
+        sizes = ("model", "n_layer", "n_head", "n_embd")
+        given = [f"--{n}" for n in sizes if getattr(cfg, n) is not None]
+        if given:
+            problems.append(
+                f"--init_from {cfg.init_from} and {', '.join(given)} both given: the model's "
+                f"shape comes from the weights; drop {', '.join(given)}"
+            )
+    if cfg.save_only_on_improvement and cfg.save_interval is not None:
+        problems.append(
+            "--save_only_on_improvement and --save_interval both given: the former saves at "
+            "evaluations that improve the val loss; drop one"
+        )
+    if not 0.0 < cfg.wsd_decay_fraction <= 1.0:
+        problems.append(f"--wsd_decay_fraction must be in (0, 1], got {cfg.wsd_decay_fraction}")
+    if cfg.early_stop_patience and not cfg.eval_interval:
+        problems.append(
+            "--early_stop_patience needs evaluations during the run: give --eval_interval N"
+        )
+    if cfg.init_from != "scratch" and cfg.resume:
+        problems.append(
+            "--init_from and --resume both given: a resumed run takes its weights "
+            "from the checkpoint"
+        )
+    if problems:
+        raise ConfigError(problems, source="command line")
+
+
+def length_problems(cfg: RunConfig) -> list[str]:
+    """Conflicting or out-of-range run-length flags (run_length.py turns a budget into steps)."""
+    problems = []
+    given = [f for f in ("max_tokens", "max_epochs") if getattr(cfg, f) is not None]
+    if len(given) > 1:
+        problems.append("--max_tokens and --max_epochs both given: give one")
+    if given and cfg.max_iters != RunConfig.__dataclass_fields__["max_iters"].default:
+        problems.append(f"--max_iters and --{given[0]} both given: give one")
+    for name in given:
+        if getattr(cfg, name) <= 0:
+            problems.append(f"--{name} must be > 0, got {getattr(cfg, name)}")
+    return problems
+
+
+def _range_problems(cfg: RunConfig) -> list[str]:
+    """Out-of-range numbers: those the DeepSpeed config depends on are RunSettings' to check;
+    the rest here."""
+    problems = run_settings(cfg).problems()
+    rules = {  # field: (allow None, allow 0)
+        "n_layer": (True, False),
+        "n_head": (True, False),
+        "n_embd": (True, False),
+        "block_size": (True, False),
+        "lr_decay_iters": (True, False),
+        "log_interval": (False, False),
+        "eval_iters": (False, False),
+        "eval_interval": (False, True),
+        "save_interval": (True, True),
+        "peak_tflops": (True, False),
+        "keep_last": (False, True),
+        "vocab_multiple": (False, False),
+        "early_stop_patience": (False, True),
+        "early_stop_min_delta": (False, True),
+    }
+    for name, (allow_none, allow_zero) in rules.items():
+        v = getattr(cfg, name)
+        if v is None and allow_none:
+            continue
+        if v is None or v < 0 or (v == 0 and not allow_zero):
+            problems.append(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {v}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        problems.append(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    return problems
+
+
+def _file_problems(cfg: RunConfig) -> list[str]:
+    problems = []
+    if not preset_path(cfg.deepspeed_config).is_file():
+        problems.append(
+            f"--deepspeed_config {cfg.deepspeed_config}: file not found "
+            f"(give a path or a preset name: {', '.join(PRESETS)})"
+        )
+    try:
+        specs = data_specs(cfg.data_dir)
+    except ConfigError as exc:
+        return [*problems, *exc.problems]
+    for spec in specs:
+        data = Path(spec.path)
+        make_it = f"make it with: {tool('prepare_data')} --out_dir {spec.path}"
+        fresh = not data.is_dir() or not any(data.iterdir())  # else: re-create it, same inputs
+        # no meta.json: gpt_ds.data.tokens reads the folder as nanoGPT's, or says why it cannot
+        missing = [n for n in ("train.bin", "val.bin") if not (data / n).is_file()]
+        if missing:
+            problems.append(
+                f"--data_dir {spec.path}: missing {', '.join(missing)} "
+                f"({make_it if fresh else rebuild_command(data)})"
+            )
+    return problems

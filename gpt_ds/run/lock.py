@@ -1,0 +1,171 @@
+"""One run per out dir: `OUT_DIR/gpt_ds.lock`, taken by rank 0 before any rank writes.
+
+Two runs into one directory (a re-submitted job, a Slurm array with one out dir) would
+overwrite each other's checkpoints and interleave their logs while both report success. The
+lock file is created with O_EXCL (atomic on local file systems and NFSv3+, so on the shared
+file system a multi-node run needs anyway) and names its owner: run id, host, pid and the
+process's start identity. A lock is stale, and is replaced with a message, when its owner is
+gone: on this host its pid no longer runs (or is another process: start time and boot id
+differ); from another host, when its heartbeat (the file's mtime, refreshed every minute by the
+owner) is older than 10 minutes by the file system's own clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpt_ds.base.errors import GptDsError
+from gpt_ds.base.processes import process_identity
+
+LOCK_NAME = "gpt_ds.lock"
+HEARTBEAT_SECONDS = 60.0
+STALE_AFTER_SECONDS = 600.0
+
+
+class OutDirBusy(GptDsError):
+    """Another live run owns the out dir."""
+
+
+def new_run_id() -> str:
+    """Sortable and unique enough to tell launches apart: `20261123-224501-3fa9c2`."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+@dataclass(kw_only=True)
+class LockOwner:
+    run_id: str
+    host: str
+    pid: int
+    identity: str | None  # processes.process_identity of pid, on `host`
+    started_at: str
+    command: str
+
+    @classmethod
+    def this_process(cls, run_id: str) -> LockOwner:
+        return cls(
+            run_id=run_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            identity=process_identity(os.getpid()),
+            started_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            command=" ".join(sys.argv)[:500],
+        )
+
+    @classmethod
+    def read(cls, path: Path) -> LockOwner | None:
+        """The owner a lock file names; None when it cannot be read (being written, removed,
+        or not ours)."""
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def describe(self) -> str:
+        return f"run {self.run_id} (pid {self.pid} on host {self.host}, started {self.started_at})"
+
+
+def fs_now(directory: Path) -> float:
+    """The current time by the clock that stamps files in `directory` (an NFS server's, say),
+    so that the age of another host's heartbeat does not depend on clock skew."""
+    probe = directory / f".{LOCK_NAME}.clock.{os.getpid()}"
+    probe.touch()
+    try:
+        return probe.stat().st_mtime
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def stale_reason(owner: LockOwner, path: Path) -> str | None:
+    """Why the lock `owner` holds is stale, or None while its run may be alive."""
+    if owner.host == socket.gethostname():
+        now = process_identity(owner.pid)
+        if now is None:
+            return f"pid {owner.pid} is not running"
+        if owner.identity is not None and now != owner.identity:
+            return f"pid {owner.pid} is now another process"
+        return None
+    age = fs_now(path.parent) - path.stat().st_mtime
+    if age > STALE_AFTER_SECONDS:
+        return f"no heartbeat from host {owner.host} for {age / 60:.0f} minutes"
+    return None
+
+
+class RunLock:
+    """The lock of one out dir, held by this process until `release()`."""
+
+    def __init__(self, path: Path, owner: LockOwner):
+        self.path, self.owner = path, owner
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="gpt_ds-lock", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            with contextlib.suppress(OSError):  # unreachable for now: the next beat tries again
+                os.utime(self.path)
+
+    def release(self) -> None:
+        """Remove the lock file, if it is still ours."""
+        self._stop.set()
+        self._beat.join()  # not left to interpreter shutdown (see stop.StopRequest.close)
+        holder = LockOwner.read(self.path)
+        if holder is None or holder.run_id != self.owner.run_id:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:  # never mask the run's own outcome: the next run finds it stale
+            print(
+                f"warning: could not remove the lock {self.path} ({exc.strerror or exc}); "
+                "the next run will find it stale and replace it",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def busy_message(out_dir: Path, owner: LockOwner) -> str:
+    return (
+        f"--out_dir {out_dir} is in use by {owner.describe()}; two runs in one directory would "
+        f"overwrite each other's checkpoints. Wait for it to finish, stop it (kill -TERM "
+        f"{owner.pid} on {owner.host}: it saves and exits), or use another --out_dir. If that run "
+        f"is gone and its host cannot tell (another machine), delete {out_dir / LOCK_NAME}"
+    )
+
+
+def acquire(out_dir: Path, run_id: str, note: Callable[[str], None] = print) -> RunLock:
+    """Take `out_dir`'s lock for this process; OutDirBusy when a live run holds it. A stale
+    lock is replaced, said through `note`."""
+    path = Path(out_dir) / LOCK_NAME
+    me = LockOwner.this_process(run_id)
+    for _ in range(50):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            other = LockOwner.read(path)
+            if other is None:  # being written or removed right now: look again
+                time.sleep(0.1)
+                continue
+            reason = stale_reason(other, path)
+            if reason is None:
+                raise OutDirBusy(busy_message(Path(out_dir), other)) from None
+            note(f"out dir: removing the stale lock of {other.describe()}: {reason}")
+            if LockOwner.read(path) == other:  # not replaced meanwhile by another new run
+                path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(me), f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        return RunLock(path, me)
+    raise OutDirBusy(
+        f"{path} exists but cannot be read as a gpt_ds lock; if no run uses {out_dir}, delete it"
+    )

@@ -1,0 +1,420 @@
+"""The training loop: a `Trainer` that owns the engine and the run's state.
+
+`run()` reads top to bottom: `setup` (model, engine, start-up report, resume) -> `train_step`
+per iteration -> `after_step` (the eval / save / stop rules, in one place) -> `finish` (the
+final evaluation and the `final` checkpoint). Everything the run learns as it goes (iteration,
+best validation loss and its tag) lives on the object, and goes into every checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from gpt_ds.base import dist
+from gpt_ds.base.errors import GptDsError
+from gpt_ds.base.tool_names import tool
+from gpt_ds.checkpoint import (
+    Checkpointer,
+    CheckpointRef,
+    Manifest,
+    convert_on_rank0,
+    latest_tag,
+    needs_universal,
+)
+from gpt_ds.data.mixture import DataMix, MixtureSampler
+from gpt_ds.data.tokens import TrainSampler
+from gpt_ds.dsconfig.resolve import ResolvedDsConfig
+from gpt_ds.memory import MemoryEstimate
+from gpt_ds.model.gpt2 import ModelShape, flops_per_token, lm_loss
+from gpt_ds.observe import report
+from gpt_ds.observe.host_memory import release_freed_blocks, wants_release
+from gpt_ds.observe.metrics import MetricsLogger, RunFacts, peak_memory_gib, rewind
+from gpt_ds.observe.monitoring import EngineMonitor, describe
+from gpt_ds.observe.peak_flops import resolve_peak
+from gpt_ds.run.config import RunConfig
+from gpt_ds.run.init_source import InitSource
+from gpt_ds.training.early_stop import EarlyStop
+from gpt_ds.training.engine_build import build_engine
+from gpt_ds.training.evaluation import evaluate_mix
+from gpt_ds.training.stop import StopRequest
+
+
+@dataclass(kw_only=True)
+class RunPlan:
+    """Everything decided and checked before any rank builds a model (see train.py)."""
+
+    cfg: RunConfig
+    shape: ModelShape
+    ds: ResolvedDsConfig
+    data: DataMix
+    resume: CheckpointRef | None  # the checked checkpoint to continue from, if any
+    init: InitSource  # the first weights of a run that does not resume (--init_from)
+    estimate: MemoryEstimate  # predicted per-rank memory, checked against the machine
+    run_id: str = ""  # this launch, in every metrics record and checkpoint (run_lock.py)
+
+
+@dataclass
+class LogWindow:
+    """Training iterations since the last log line (losses, time spent in steps only)."""
+
+    loss_sum: float = 0.0
+    steps: int = 0
+    seconds: float = 0.0
+    since_eval: list[float] = field(default_factory=list)  # losses since the last evaluation
+
+    def add(self, loss: float, seconds: float) -> None:
+        self.loss_sum += loss
+        self.steps += 1
+        self.seconds += seconds
+        self.since_eval.append(loss)
+
+    def take_log(self) -> tuple[float, int, float]:
+        """(mean loss, steps, seconds) since the last log line, and start a new log window."""
+        mean = self.loss_sum / self.steps
+        taken = (mean, self.steps, self.seconds)
+        self.loss_sum, self.steps, self.seconds = 0.0, 0, 0.0
+        return taken
+
+    def take_eval_mean(self) -> float | None:
+        """The mean training loss since the last evaluation, and start a new eval window."""
+        losses, self.since_eval = self.since_eval, []
+        return sum(losses) / len(losses) if losses else None
+
+
+class Trainer:
+    """Trains one run on the process group `dist.init()` joined."""
+
+    def __init__(self, plan: RunPlan):
+        self.plan, self.cfg, self.shape = plan, plan.cfg, plan.shape
+        self.checkpointer = Checkpointer(plan.cfg.out_dir, plan.cfg.keep_last)
+        self.stop = StopRequest()
+        self.iteration = 0
+        self.best_val: float | None = None
+        self.best_tag: str | None = None
+        self.last_val: float | None = None
+        self.window = LogWindow()
+        self.monitor: EngineMonitor | None = None
+        self.last_val_iter = -1  # the iteration of `last_val`
+        self.tokens_seen = 0  # trained on so far, all ranks (in checkpoints and records)
+        self.early_stop = EarlyStop(plan.cfg.early_stop_patience, plan.cfg.early_stop_min_delta)
+        self.stop_early = False  # the latest evaluation ends the run (--early_stop_patience)
+
+    @property
+    def tokens_per_iter(self) -> int:
+        """Tokens one optimizer step trains on, all ranks."""
+        return self.plan.ds.train_batch_size * self.shape.block_size
+
+    @property
+    def evaluated_now(self) -> bool:
+        """Whether `last_val` is this iteration's (a save between evaluations has none)."""
+        return self.last_val_iter == self.iteration
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.stop.close()
+            if self.monitor is not None:
+                self.monitor.close()
+
+    def _run(self) -> int:
+        self.setup()
+        if self.cfg.dry_run:
+            dist.print0("dry run: model and engine built on every rank; stopping before step 1")
+            return 0
+        if self.iteration >= self.cfg.max_iters:
+            dist.print0(
+                f"nothing to do: checkpoint is at iteration {self.iteration} >= --max_iters"
+            )
+            return 0
+        self.metrics.event(
+            {
+                "event": "start",
+                "iter": self.iteration,
+                "world_size": dist.world_size(),
+                "config": self.cfg.to_dict(),
+            }
+        )
+        if self.iteration == 0 and not self.plan.init.is_scratch:
+            self.evaluate(0)  # where the given weights start: the baseline of a fine-tune
+        self.engine.train()
+        first = self.iteration + 1
+        for it in range(first, self.cfg.max_iters + 1):
+            t0 = time.perf_counter()
+            stop_requested = self.train_step(it)
+            if it == first:
+                self._first_step_report(time.perf_counter() - t0)
+            if self.after_step(it, stop_requested):
+                return 0
+        return self.finish()
+
+    def _first_step_report(self, seconds: float) -> None:
+        """Memory after the first step; with --compile, its time (compilation included)."""
+        report.model_states(self.engine, self.estimate)
+        if self.cfg.compile:
+            self.metrics.event(
+                {
+                    "event": "compile",
+                    "iter": self.iteration,
+                    "seconds": round(seconds, 2),
+                    "message": f"first iteration {seconds:.1f} s (torch.compile included)",
+                }
+            )
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        """Model -> engine -> start-up report -> data sampler -> resume."""
+        cfg, ds = self.cfg, self.plan.ds
+        report.rank_banner()
+        init = self.plan.init
+        name = cfg.model_preset if init.is_scratch else init.describe()
+        report.run_summary(name, self.shape, ds, self.plan.data)
+        resume = self.plan.resume
+        if resume is not None and needs_universal(resume.manifest, dist.world_size()):
+            resume = convert_on_rank0(resume)  # the DeepSpeed config already loads universal
+        if wants_release(cfg.release_host_memory, dist.device().type, self.shape.num_params()):
+            dist.print0(release_freed_blocks())  # every rank: before the model exists
+        before = peak_memory_gib()  # the process itself: interpreter, imports, data
+        self.engine = build_engine(cfg, self.shape, ds, self.plan.init)
+        self.estimate = self.plan.estimate
+        report.print_memory_estimate(self.estimate)
+        report.startup_memory(self.estimate, before)
+        self.comm_seconds = report.communication_plan(self.shape, ds)
+        torch.manual_seed(cfg.seed + 1000 * dist.rank())  # per-rank dropout streams
+        sampler = MixtureSampler if self.plan.data.is_mixture else _one_source_sampler
+        self.sampler = sampler(
+            self.plan.data, self.shape.block_size, ds.micro_batch_size, cfg.seed, dist.rank()
+        )
+        if resume is not None:
+            self._resume(resume)
+        self.metrics = self._metrics_logger()
+
+    def _metrics_logger(self) -> MetricsLogger:
+        """The logger, its monitors and MFU peak; a resumed run's metrics.jsonl rewound."""
+        cfg, ds = self.cfg, self.plan.ds
+        peak, peak_line = resolve_peak(cfg.peak_tflops)
+        dist.print0(peak_line)
+        for line in describe(ds.config):
+            dist.print0(line)
+        if EngineMonitor.wanted(ds.config):
+            self.monitor = EngineMonitor(self.engine)
+        if dist.is_main() and self.iteration and (moved := rewind(cfg.out_dir, self.iteration)):
+            dist.print0(
+                f"metrics.jsonl: {moved} records past iteration {self.iteration} (the launch "
+                f"that stopped) moved to metrics.jsonl.rewound-{self.iteration}"
+            )
+        facts = RunFacts(
+            max_iters=cfg.max_iters,
+            tokens_per_iter=self.tokens_per_iter,
+            flops_per_token=flops_per_token(self.shape),
+            world_size=dist.world_size(),
+            peak_flops=peak,
+            start_iter=self.iteration,
+            train_tokens=self.plan.data.train_tokens,
+        )
+        return MetricsLogger(
+            cfg.out_dir, dist.is_main(), facts, run_id=self.plan.run_id, monitor=self.monitor
+        )
+
+    def _resume(self, ref: CheckpointRef) -> None:
+        resumed = self.checkpointer.load(self.engine, ref)
+        self.iteration = resumed.iteration
+        self.best_val, self.best_tag = resumed.best_val_loss, resumed.best_tag
+        self.sampler.load_state_dict(resumed.sampler_state)
+        self.early_stop.load_state_dict(resumed.manifest.early_stop)
+        self.tokens_seen = resumed.manifest.tokens_seen or self.iteration * self.tokens_per_iter
+        dist.print0(f"resumed from {self.cfg.out_dir}/{ref.tag} at iteration {self.iteration}")
+
+    # ------------------------------------------------------------------ one iteration
+    def train_step(self, it: int) -> bool:
+        """One optimizer step (grad_accum micro-batches); returns whether any rank was asked
+        to stop. Raises on a non-finite loss or gradient."""
+        t0 = time.perf_counter()
+        ga, dev = self.plan.ds.grad_accum, dist.device()
+        skipped_before = self.engine.skipped_steps
+        loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        for _ in range(ga):
+            x, y = self.sampler.next_batch()
+            loss = lm_loss(self.engine, *dist.to_device(x, y, dev=dev))
+            self.engine.backward(loss)
+            self.engine.step()
+            loss_sum += loss.detach()  # stays on the device: no host sync per micro-batch
+        # one tiny all-reduce per iteration: the mean loss for the log, NaN detection and the
+        # stop flag, so every rank takes the same branch afterwards
+        total, stopping = dist.all_reduce_sum([loss_sum / ga, float(self.stop.requested)])
+        mean_loss = total / dist.world_size()
+        self._check_finite(it, mean_loss, self.engine.skipped_steps > skipped_before)
+        self.iteration = it
+        self.tokens_seen += self.tokens_per_iter
+        self.window.add(mean_loss, time.perf_counter() - t0)
+        if it % self.cfg.log_interval == 0 or it == self.cfg.max_iters:
+            self._log_train(it)
+        return stopping > 0
+
+    def _check_finite(self, it: int, mean_loss: float, step_skipped: bool) -> None:
+        # without fp16's loss scaler, a skipped step means inf/NaN gradients: DeepSpeed would
+        # go on skipping every step silently while the (huge but finite) loss is logged
+        skipped = self.plan.ds.precision != "fp16" and step_skipped
+        if math.isfinite(mean_loss) and not skipped:
+            return
+        good = latest_tag(self.cfg.out_dir)
+        where = (
+            f"the last good checkpoint is {self.cfg.out_dir}/{good}"
+            if good
+            else "no checkpoint yet"
+        )
+        what = (
+            f"loss became {mean_loss}"
+            if not math.isfinite(mean_loss)
+            else "gradients became non-finite (DeepSpeed skipped the optimizer step)"
+        )
+        raise GptDsError(
+            f"{what} at iteration {it}; stopping without saving ({where}). "
+            "Lower --lr, raise warmup, or check the data."
+        )
+
+    def _log_train(self, it: int) -> None:
+        loss, steps, seconds = self.window.take_log()
+        self.metrics.log_train(
+            it,
+            self.tokens_seen,
+            loss,
+            self.engine.get_lr()[0],
+            steps,
+            seconds,
+            grad_norm=_as_float(self.engine.get_global_grad_norm()),
+            loss_scale=self._loss_scale(),
+            comm_seconds_per_step=self.comm_seconds,
+        )
+
+    def _loss_scale(self) -> float | None:
+        """fp16's dynamic loss scale (its drops show overflow), else None."""
+        if self.plan.ds.precision != "fp16":
+            return None
+        return _as_float(getattr(self.engine.optimizer, "loss_scale", None))
+
+    # ------------------------------------------------------------------ the rules
+    def after_step(self, it: int, stop_requested: bool) -> bool:
+        """Evaluate at eval points, checkpoint at save points; on a stop request save (once)
+        and stop. Returns True when the run stops here. The last iteration is `finish`'s."""
+        if it == self.cfg.max_iters:
+            return False
+        if _due(it, self.cfg.eval_interval):
+            self.evaluate(it)
+            if self.stop_early:
+                self._stop_early(it)
+                return True
+        saved = False
+        if self._save_due(it):
+            self.save(f"iter_{it}")
+            saved = True
+        if not stop_requested:
+            return False
+        dist.print0(f"{self.stop.reason or 'a stop was requested on another rank'}: saving")
+        if not saved:  # not twice: the launcher SIGKILLs ranks 30 s after its SIGTERM
+            self.save(f"iter_{it}")
+        dist.print0(f"stopped at iteration {it}; resume with --resume (tag iter_{it})")
+        return True
+
+    def _stop_early(self, it: int) -> None:
+        """The run ends here: `final` saved, the best checkpoint named."""
+        self.metrics.event({"event": "early_stop", "iter": it, "message": self.early_stop.reason()})
+        self.save("final")
+        best = f"{self.cfg.out_dir}/{self.best_tag}" if self.best_tag else "none saved"
+        dist.print0(
+            f"stopped early at iteration {it}; best checkpoint: {best} (val loss "
+            f"{self.best_val}); export it with {tool('zero_to_fp32')} {self.cfg.out_dir} --tag best"
+        )
+
+    def _save_due(self, it: int) -> bool:
+        """A save point: every --save_interval (default --eval_interval) iterations; with
+        --save_only_on_improvement, the evaluations that improved on the best checkpoint."""
+        if self.cfg.save_only_on_improvement:
+            return self.evaluated_now and self._improves()
+        interval = self.cfg.save_interval
+        return _due(it, self.cfg.eval_interval if interval is None else interval)
+
+    def _improves(self) -> bool:
+        """Whether the latest evaluation beats the best checkpoint's val loss."""
+        if self.last_val is None:
+            return False
+        return self.best_val is None or self.last_val < self.best_val
+
+    def finish(self) -> int:
+        """The final evaluation and the `final` checkpoint."""
+        self.evaluate(self.cfg.max_iters)
+        self.save("final")
+        dist.print0(f"done: {self.cfg.max_iters} iterations, val loss {self.last_val:.4f}")
+        return 0
+
+    def evaluate(self, it: int) -> None:
+        """Validation loss at iteration `it`, logged; the next save at `it` carries it."""
+        ds = self.plan.ds
+        res = evaluate_mix(
+            self.engine,
+            self.plan.data,
+            self.shape.block_size,
+            self.cfg.eval_iters * ds.micro_batch_size * ds.grad_accum,
+            micro_batch_size=ds.micro_batch_size,
+            device=dist.device(),
+            rank=dist.rank(),
+            world_size=dist.world_size(),
+        )
+        train_loss = self.window.take_eval_mean()
+        self.metrics.log_eval(
+            it, self.tokens_seen, res.loss, train_loss, res.perplexity, res.by_source
+        )
+        self.last_val, self.last_val_iter = res.loss, it
+        self.stop_early = self.early_stop.observe(res.loss, it)
+
+    def save(self, tag: str) -> None:
+        """Checkpoint `tag`; it becomes the best tag when evaluated here and better than any
+        earlier checkpoint (a save between evaluations has no val loss of its own)."""
+        if self.cfg.no_checkpoint:
+            return
+        if self.evaluated_now and self._improves():
+            self.best_val, self.best_tag = self.last_val, tag
+        manifest = Manifest(
+            tag=tag,
+            iteration=self.iteration,
+            world_size=dist.world_size(),
+            zero_stage=self.plan.ds.zero_stage,
+            model=asdict(self.shape),
+            config=self.cfg.to_dict(),
+            files={},
+            precision=self.plan.ds.precision,
+            micro_batch_size=self.plan.ds.micro_batch_size,
+            grad_accum=self.plan.ds.grad_accum,
+            run_id=self.plan.run_id,
+            val_loss=self.last_val if self.evaluated_now else None,
+            best_val_loss=self.best_val,
+            best_tag=self.best_tag,
+            tokens=self.tokens_seen,
+            data=self.plan.data.identity(),
+            early_stop=self.early_stop.state_dict(),
+        )
+        path = self.checkpointer.save(self.engine, self.sampler, manifest)
+        self.metrics.event(
+            {"event": "checkpoint", "iter": self.iteration, "tag": tag, "message": f"saved {path}"}
+        )
+
+
+def _one_source_sampler(data: DataMix, *args) -> TrainSampler:
+    return TrainSampler(data.sources[0].train, *args)
+
+
+def _as_float(value) -> float | None:
+    """A DeepSpeed figure (tensor, float or None) as a float for the log."""
+    if value is None:
+        return None
+    return float(value.item() if isinstance(value, torch.Tensor) else value)
+
+
+def _due(it: int, interval: int) -> bool:
+    """Every `interval` iterations; 0 means never (only at the end)."""
+    return interval > 0 and it % interval == 0
