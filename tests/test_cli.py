@@ -98,3 +98,17 @@ def test_run_tool_exit_codes(capsys):
 
     assert run_tool(interrupted, interrupted="interrupted: nothing was written") == 130
     assert "interrupted: nothing was written" in capsys.readouterr().err
+
+
+def test_help_shows_no_empty_or_second_default():
+    """An empty-string default shows nothing (it printed "(default: )"), and a help that states
+    its default gets no second one."""
+
+    @dataclass
+    class Opts:
+        prompt: str = option("", "text to continue (default: start of a document)")
+        name: str = option("", "a name")
+
+    text = build_parser(Opts).format_help()
+    assert "(default: )" not in text
+    assert text.count("(default:") == 1

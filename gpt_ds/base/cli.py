@@ -41,10 +41,12 @@ def option(default: Any = dataclasses.MISSING, help: str = "", **cli: Any) -> An
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults in `--help` (where there is one to show), the tool's docstring as written."""
+    """Defaults in `--help` (where there is one to show and the help does not already say it),
+    the tool's docstring as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False) or action.required:
+        said = "(default" in (action.help or "")
+        if action.default in (None, False, "") or action.required or said:
             return action.help
         return super()._get_help_string(action)
 

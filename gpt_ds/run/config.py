@@ -99,7 +99,9 @@ class RunConfig:
         None, "Train on this many tokens (all ranks) instead of --max_iters steps."
     )
     max_epochs: float | None = option(
-        None, "Train for this many passes over the train split instead of --max_iters steps."
+        None,
+        "Train for this many epochs (as many tokens as the train split holds, windows drawn "
+        "at random with replacement) instead of --max_iters steps.",
     )
     lr: float | None = option(None, "Peak learning rate (default: the config's, else 6e-4).")
     lr_schedule: str | None = option(
