@@ -69,7 +69,8 @@ def eval_worker(result: Path, run_args: list[str]) -> None:
     from gpt_ds.observe.report import memory_estimate
     from gpt_ds.run.config import parse_args, run_settings, validate
     from gpt_ds.run.init_source import InitSource
-    from gpt_ds.training.trainer import RunPlan, Trainer
+    from gpt_ds.run.plan import RunPlan
+    from gpt_ds.training.trainer import Trainer
 
     cfg = parse_args(run_args)
     validate(cfg)

@@ -1,20 +1,17 @@
 """Train GPT-2 with DeepSpeed: `deepspeed [--num_gpus N | --hostfile H] gpt_ds/train.py ...`.
 
 Also `deepspeed --module gpt_ds.train ...`, `python gpt_ds/train.py ...` (one process) and
-`python -m gpt_ds.train ...`. The flow reads top to bottom: parse -> `plan_run` (the run
-config, the model's shape, the DeepSpeed config, the data and the checkpoint to resume: all
-checked before any model exists, identically on every rank) -> process group ->
-`Trainer(plan).run()` (trainer.py: model -> engine -> loop -> eval -> checkpoint).
+`python -m gpt_ds.train ...`. The flow reads top to bottom: parse -> `plan_run` (run/plan.py:
+the run config, the model's shape, the DeepSpeed config, the data and the checkpoint to resume:
+all checked before any model exists, identically on every rank) -> process group ->
+`Trainer(plan).run()` (training/trainer.py: model -> engine -> loop -> eval -> checkpoint).
 """
 
-import dataclasses
-import functools
 import logging
 import os
 import sys
 import time
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -30,41 +27,11 @@ warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", Fu
 
 # (E402 is off for this file in pyproject.toml: these imports must follow the sys.path fix)
 from gpt_ds.base import dist
-from gpt_ds.base.errors import CheckpointError, GptDsError
+from gpt_ds.base.errors import GptDsError
 from gpt_ds.base.launcher_world import adopt_launcher_world
-from gpt_ds.checkpoint import (
-    MANIFEST,
-    CheckpointRef,
-    check_model,
-    check_same_data,
-    complete_tags,
-    damaged_files,
-    needs_universal,
-    partial_dirs,
-    resolve,
-)
-from gpt_ds.checkpoint.batch import Batch, check_batch
-from gpt_ds.data.mixture import load_mix
-from gpt_ds.dsconfig.lr_schedule import with_schedule
-from gpt_ds.dsconfig.resolve import resolve_ds_config
-from gpt_ds.dsconfig.schema import load_ds_config, preset_path
-from gpt_ds.launch.gpu_support import check_gpu_support
-from gpt_ds.memory.guard import check_fits, device_memory_bytes
-from gpt_ds.model.gpt2 import (
-    ModelShape,
-    checkpoint_vocab,
-    padded_vocab,
-    resolve_shape,
-)
-from gpt_ds.observe import monitoring
-from gpt_ds.observe.monitoring import with_monitor_flags
-from gpt_ds.observe.report import memory_estimate
-from gpt_ds.run import lock as run_lock
-from gpt_ds.run.config import RunConfig, parse_args, run_settings, validate
-from gpt_ds.run.init_source import InitSource, init_shape, resolve_init
-from gpt_ds.run.length import has_budget, with_budget
-from gpt_ds.run.lock import RunLock
-from gpt_ds.training.trainer import RunPlan, Trainer
+from gpt_ds.run.config import parse_args
+from gpt_ds.run.plan import claim_out_dir, plan_run, verify_resume
+from gpt_ds.training.trainer import Trainer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,137 +73,6 @@ def refuse(exc: GptDsError) -> int:
     elif dist.world_size() > 1:
         time.sleep(REFUSAL_WAIT_S)
     return 2
-
-
-def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
-    """Validate and resolve everything the run needs; raises a GptDsError naming what is wrong.
-    `damaged` names checkpoint tags found damaged, which `--resume` must not use."""
-    validate(cfg)
-    init = resolve_init(cfg.init_from, cfg.out_dir)
-    shape = model_shape(cfg, init)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    resume = resume_checkpoint(cfg, damaged)
-    if resume is not None:  # the run keeps the checkpoint's model, vocabulary padding included
-        shape = checkpoint_vocab(shape, resume.manifest.model)
-        check_model(resume, asdict(shape))
-    universal = resume is not None and needs_universal(resume.manifest, world)
-    raw = with_monitor_flags(
-        load_ds_config(preset_path(cfg.deepspeed_config)),
-        cfg.out_dir,
-        tensorboard_dir=cfg.tensorboard_dir,
-        csv_dir=cfg.csv_dir,
-        wandb_project=cfg.wandb_project,
-        run_name=cfg.run_name,
-    )
-    raw = with_schedule(raw, cfg.lr_schedule)
-    settings = functools.partial(
-        run_settings, world_size=world, load_universal=universal, hidden_size=shape.n_embd
-    )
-    # a budget in tokens or epochs needs the batch first: resolved once for it, with room
-    probe = dataclasses.replace(cfg, max_iters=10**9) if has_budget(cfg) else cfg
-    ds = resolve_ds_config(raw, settings(probe), source=cfg.deepspeed_config)
-    if resume is not None:
-        now = Batch(world, ds.micro_batch_size, ds.grad_accum, shape.block_size)
-        for line in check_batch(resume.manifest, now, cfg.allow_batch_change):
-            dist.print0(line)
-    data = load_mix(cfg.data_dir, shape.tokens, shape.block_size)
-    if has_budget(cfg):
-        cfg, line = with_budget(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
-        dist.print0(line)
-        ds = resolve_ds_config(raw, settings(cfg), source=cfg.deepspeed_config)
-    monitoring.check(ds.config)
-    if resume is not None:
-        check_same_data(resume, data.identity())
-    check_writable(Path(cfg.out_dir))
-    check_gpu_support(dist.local_rank())  # first: with a GPU unseen the guard would judge CPU
-    estimate = memory_estimate(
-        shape, ds, cfg.activation_checkpointing, chunked_loss=cfg.loss == "chunked"
-    )
-    if not cfg.ignore_memory_estimate:
-        check_fits(
-            estimate,
-            ranks_per_node=dist.local_world_size(),
-            device_bytes=device_memory_bytes(dist.local_rank()),
-        )  # host: the RAM or the cgroup limit (host_memory)
-    return RunPlan(
-        cfg=cfg, shape=shape, ds=ds, data=data, resume=resume, init=init, estimate=estimate
-    )
-
-
-def model_shape(cfg: RunConfig, init: InitSource) -> ModelShape:
-    """The shape the run trains: a preset with overrides, or that of its `--init_from`
-    weights (Hugging Face GPT-2, or an earlier run's checkpoint)."""
-    if init.is_scratch:
-        shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
-        return padded_vocab(shape, cfg.vocab_multiple)
-    return init_shape(init, cfg.block_size)
-
-
-def claim_out_dir(plan: RunPlan) -> tuple[RunLock | None, RunPlan]:
-    """Rank 0 takes the out dir's lock (run_lock.py) before any rank writes there; every rank
-    gets the outcome: the same OutDirBusy, or the plan with this launch's run id."""
-    lock, error = None, None
-    if dist.is_main():
-        try:
-            lock = run_lock.acquire(Path(plan.cfg.out_dir), run_lock.new_run_id())
-        except GptDsError as exc:
-            error = str(exc)
-    error, run_id = dist.gather_objects((error, lock.owner.run_id if lock else None))[0]
-    if error is not None:
-        raise run_lock.OutDirBusy(error)
-    return lock, dataclasses.replace(plan, run_id=run_id)
-
-
-def verify_resume(plan: RunPlan) -> RunPlan:
-    """`plan` once the checkpoint it resumes from passed its checksums (every rank verifies a
-    share of the files). A damaged `latest` gives way to the newest intact tag, said; a damaged
-    tag named with `--resume TAG` is refused."""
-    damaged: dict[str, str] = {}
-    while plan.resume is not None:
-        started, ref = time.perf_counter(), plan.resume
-        problems = damaged_files(ref)
-        if not problems:
-            size = sum(ref.manifest.files.values()) / 2**20
-            seconds = time.perf_counter() - started
-            dist.print0(f"checkpoint: {ref.tag} verified ({size:.1f} MiB in {seconds:.1f} s)")
-            return plan
-        damaged[ref.tag] = "; ".join(problems)
-        # a named tag raises; `latest` falls back
-        plan = dataclasses.replace(plan_run(plan.cfg, damaged), run_id=plan.run_id)
-    return plan
-
-
-def resume_checkpoint(
-    cfg: RunConfig, damaged: dict[str, str] | None = None
-) -> CheckpointRef | None:
-    """The complete checkpoint `--resume` names (None without --resume); `latest` falls back
-    to the newest complete tag when it names an incomplete one. Its model is plan_run's to
-    check."""
-    if not cfg.resume:
-        return None
-    out_dir = Path(cfg.out_dir)
-    if not complete_tags(out_dir):
-        raise CheckpointError(
-            f"--resume: no complete checkpoint in {out_dir} (looked for */{MANIFEST}); "
-            "start without --resume"
-        )
-    for leftover in partial_dirs(out_dir) if damaged is None else []:  # said once
-        dist.print0(
-            f"checkpoint: ignoring incomplete checkpoint directory {leftover} (no manifest)"
-        )
-    tag = None if cfg.resume == "latest" else cfg.resume
-    return resolve(out_dir, tag, flag="--resume", fall_back=True, damaged=damaged, note=dist.print0)
-
-
-def check_writable(out_dir: Path) -> None:
-    """Fail before training, not at the first checkpoint, when out_dir cannot be written."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write_probe_{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise GptDsError(f"--out_dir {out_dir}: not writable ({exc.strerror or exc})") from exc
 
 
 def exit_now(code: int) -> None:

@@ -27,34 +27,17 @@ from gpt_ds.checkpoint import (
 )
 from gpt_ds.data.mixture import DataMix, MixtureSampler
 from gpt_ds.data.tokens import TrainSampler
-from gpt_ds.dsconfig.resolve import ResolvedDsConfig
-from gpt_ds.memory import MemoryEstimate
-from gpt_ds.model.gpt2 import ModelShape, flops_per_token, lm_loss
+from gpt_ds.model.gpt2 import flops_per_token, lm_loss
 from gpt_ds.observe import report
 from gpt_ds.observe.host_memory import release_freed_blocks, wants_release
 from gpt_ds.observe.metrics import MetricsLogger, RunFacts, peak_memory_gib, rewind
 from gpt_ds.observe.monitoring import EngineMonitor, describe
 from gpt_ds.observe.peak_flops import resolve_peak
-from gpt_ds.run.config import RunConfig
-from gpt_ds.run.init_source import InitSource
+from gpt_ds.run.plan import RunPlan
 from gpt_ds.training.early_stop import EarlyStop
 from gpt_ds.training.engine_build import build_engine
 from gpt_ds.training.evaluation import evaluate_mix
 from gpt_ds.training.stop import StopRequest
-
-
-@dataclass(kw_only=True)
-class RunPlan:
-    """Everything decided and checked before any rank builds a model (see train.py)."""
-
-    cfg: RunConfig
-    shape: ModelShape
-    ds: ResolvedDsConfig
-    data: DataMix
-    resume: CheckpointRef | None  # the checked checkpoint to continue from, if any
-    init: InitSource  # the first weights of a run that does not resume (--init_from)
-    estimate: MemoryEstimate  # predicted per-rank memory, checked against the machine
-    run_id: str = ""  # this launch, in every metrics record and checkpoint (run_lock.py)
 
 
 @dataclass
