@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "gpt_ds"
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 60
-TRAINING_PATH = ["train.py", "training", "observe/report.py", "checkpoint"]
+TRAINING_PATH = ["train.py", "run/plan.py", "training", "observe/report.py", "checkpoint"]
 # The subpackages, bottom layer first: a module may import its own subpackage and those listed
 # before it, never one after it. `train.py` (the entry point) sits above them all.
 LAYERS = [
