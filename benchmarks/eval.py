@@ -62,27 +62,15 @@ def eval_worker(result: Path, run_args: list[str]) -> None:
     import torch
 
     from gpt_ds.base import dist
-    from gpt_ds.data.mixture import load_mix
-    from gpt_ds.dsconfig.resolve import resolve_ds_config
-    from gpt_ds.dsconfig.schema import load_ds_config, preset_path
-    from gpt_ds.model.gpt2 import resolve_shape
-    from gpt_ds.observe.report import memory_estimate
-    from gpt_ds.run.config import parse_args, run_settings, validate
-    from gpt_ds.run.init_source import InitSource
-    from gpt_ds.run.plan import RunPlan
+    from gpt_ds.run.config import parse_args
+    from gpt_ds.run.plan import plan_run
     from gpt_ds.training.trainer import Trainer
 
-    cfg = parse_args(run_args)
-    validate(cfg)
-    shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
-    raw = load_ds_config(preset_path(cfg.deepspeed_config))
-    ds = resolve_ds_config(raw, run_settings(cfg), source=cfg.deepspeed_config)
-    data = load_mix(cfg.data_dir, shape.vocab_size, shape.block_size)
-    estimate = memory_estimate(shape, ds, False, chunked_loss=cfg.loss == "chunked")
+    plan = plan_run(parse_args(run_args))  # the trainer's own planning chain
+    cfg, ds, shape = plan.cfg, plan.ds, plan.shape
     dist.init()
     try:
-        trainer = Trainer(RunPlan(cfg=cfg, shape=shape, ds=ds, data=data, resume=None,
-                                  init=InitSource("scratch"), estimate=estimate))  # fmt: skip
+        trainer = Trainer(plan)
         trainer.setup()
         trainer.evaluate(0)  # warm-up
         dist.barrier()
