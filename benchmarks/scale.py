@@ -119,10 +119,8 @@ def predict(argv: list[str], ranks: int) -> Prediction:
             shape, ds, cfg.activation_checkpointing, chunked_loss=cfg.loss == "chunked"
         )
     try:
-        check_fits(
-            est, ranks_per_node=ranks, device_bytes=device_memory_bytes(0),
-            host_bytes=host_memory_bytes(),
-        )  # fmt: skip
+        # the host: this machine's RAM, or its cgroup limit where lower (as the trainer checks)
+        check_fits(est, ranks_per_node=ranks, device_bytes=device_memory_bytes(0))
     except ConfigError:
         return Prediction(est, "refuses")
     return Prediction(est, "fits")

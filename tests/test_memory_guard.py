@@ -41,15 +41,15 @@ def estimate(micro_batch_size: int, world_size: int = 2):
 
 def test_fits_on_gpu_and_cpu_when_there_is_room():
     est = estimate(4)
-    check_fits(est, ranks_per_node=2, device_bytes=80 * GiB, host_bytes=64 * GiB)
-    check_fits(est, ranks_per_node=2, device_bytes=None, host_bytes=64 * GiB)
+    check_fits(est, ranks_per_node=2, device_bytes=80 * GiB, host=host_limit(64 * GiB, None))
+    check_fits(est, ranks_per_node=2, device_bytes=None, host=host_limit(64 * GiB, None))
 
 
 def test_gpu_too_small_names_the_estimate_and_the_fixes():
     est = estimate(4)
     small = est.total - 1
     with pytest.raises(ConfigError) as e:
-        check_fits(est, ranks_per_node=2, device_bytes=small, host_bytes=64 * GiB)
+        check_fits(est, ranks_per_node=2, device_bytes=small, host=host_limit(64 * GiB, None))
     text = str(e.value)
     assert f"the estimate is {est.total / GiB:.2f} GiB per GPU" in text
     assert f"of this {small / GiB:.2f} GiB GPU" in text
@@ -65,10 +65,10 @@ def test_the_guard_uses_the_pickers_usable_gpu_memory():
     card = int((est.total - 1) / 0.9) + GiB  # its usable part is just below the estimate
     assert usable_gpu_memory(card) < est.total < card
     with pytest.raises(ConfigError, match=r"GiB a run may use of this .* GiB GPU \(90% of"):
-        check_fits(est, ranks_per_node=2, device_bytes=card, host_bytes=64 * GiB)
+        check_fits(est, ranks_per_node=2, device_bytes=card, host=host_limit(64 * GiB, None))
     roomy = int(est.total / 0.9) + GiB + 16
     assert usable_gpu_memory(roomy) >= est.total
-    check_fits(est, ranks_per_node=2, device_bytes=roomy, host_bytes=64 * GiB)
+    check_fits(est, ranks_per_node=2, device_bytes=roomy, host=host_limit(64 * GiB, None))
 
 
 def test_on_cpu_every_rank_counts_against_the_host():
@@ -77,9 +77,9 @@ def test_on_cpu_every_rank_counts_against_the_host():
     need = est.cpu_bytes - 2 * (CPU_BYTES_PER_RANK - CPU_ONLY_RANK_BYTES) + 2 * est.total
     enough = int(need / 0.9) + 16  # the host check allows 90% of the RAM, as the picker
     assert usable_cpu_memory(enough) >= need
-    check_fits(est, ranks_per_node=2, device_bytes=None, host_bytes=enough)
+    check_fits(est, ranks_per_node=2, device_bytes=None, host=host_limit(enough, None))
     with pytest.raises(ConfigError, match=rf"is {need / GiB:.2f} GiB per node") as e:
-        check_fits(est, ranks_per_node=2, device_bytes=None, host_bytes=need + 16)
+        check_fits(est, ranks_per_node=2, device_bytes=None, host=host_limit(need + 16, None))
     assert f"90% of this machine's {(need + 16) / GiB:.2f} GiB of RAM" in str(e.value)
 
 
@@ -156,8 +156,7 @@ def test_the_cgroup_limit_is_the_hosts_ram_and_is_named():
             est,
             ranks_per_node=2,
             device_bytes=None,
-            host_bytes=job.bytes,
-            host_limit_name=job.limit,
+            host=job,
         )
     assert f"may use: 90% of the cgroup limit {need / GiB:.2f} GiB (Slurm --mem" in str(e.value)
     here = host_memory()

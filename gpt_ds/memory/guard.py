@@ -140,20 +140,17 @@ def check_fits(
     *,
     ranks_per_node: int,
     device_bytes: int | None,
-    host_bytes: int | None = None,
-    host_limit_name: str | None = None,
+    host: HostMemory | None = None,
 ) -> None:
     """A ConfigError, with the estimate and the fixes, when the run cannot fit.
 
     On GPUs each rank's estimate must fit what the picker lets a run use of its GPU
     (`usable_gpu_memory` of `device_bytes`, the card's total), and the node's CPU part 90% of
     its RAM; on CPU the ranks' "device" memory is the host's too, so all of it must fit 90% of
-    the host together. `host_bytes`: the node's RAM (default: `host_memory()`, the machine's or
-    the cgroup's limit, named in the message; `host_limit_name` names a given one).
+    the host together. `host`: the node's RAM and the name of its limit (default:
+    `host_memory()`, the machine's or the cgroup's, whichever is lower).
     """
-    host = host_memory() if host_bytes is None else host_limit(host_bytes, None)
-    if host_limit_name:
-        host = host._replace(limit=host_limit_name)
+    host = host or host_memory()
     problems = []
     if device_bytes is not None and est.total > usable_gpu_memory(device_bytes):
         problems.append(
