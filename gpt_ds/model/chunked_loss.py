@@ -44,13 +44,18 @@ def _counted_tokens(labels: torch.Tensor) -> torch.Tensor:
     return (labels != IGNORE_INDEX).sum().clamp(min=1).float()
 
 
+def _targets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(which rows count, their labels with ignored ones at 0, safe to index with)."""
+    counted = labels != IGNORE_INDEX
+    return counted, torch.where(counted, labels, 0)
+
+
 def _loss_sum(
     logits: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sum of -log p(label) over the chunk's counted tokens, log-sum-exp per row, which rows
     count, their labels with ignored ones at 0)."""
-    counted = labels != IGNORE_INDEX
-    safe = torch.where(counted, labels, 0)
+    counted, safe = _targets(labels)
     lse = torch.logsumexp(logits, dim=-1)
     target = logits.gather(1, safe[:, None]).squeeze(1)
     return ((lse - target) * counted).sum(), lse, counted, safe
@@ -135,8 +140,7 @@ class _LinearCrossEntropyRecompute(torch.autograd.Function):
             end = start + ctx.rows
             h, y = hidden[start:end], labels[start:end]
             logits = _chunk_logits(h, weight, ctx.tokens)
-            counted = y != IGNORE_INDEX
-            safe = torch.where(counted, y, 0)
+            counted, safe = _targets(y)
             grad = _scaled_logit_grad(logits, lses[start:end], safe, counted.float() * scale)
             grad = grad.to(hidden.dtype)
             grad_hidden[start:end] = _add_head_grads(grad, h, weight, grad_weight)
