@@ -56,28 +56,27 @@ def choose_adam(facts: AdamFacts, params: dict) -> AdamChoice:
     - GPU without either: torch's AdamW(fused=True), which needs no build;
     - other accelerators: DeepSpeed's own choice.
     """
+    return _checked(_implementation(facts, params), params)
+
+
+def _implementation(facts: AdamFacts, params: dict) -> AdamChoice:
+    """`choose_adam`'s pick and its report line, before the params are checked."""
     if "torch_adam" in params:
         impl = "torch AdamW" if params["torch_adam"] else "DeepSpeed's Adam"
-        return _checked(
-            AdamChoice(note=f"optimizer: {impl} (torch_adam set in the config)"), params
-        )
+        return AdamChoice(note=f"optimizer: {impl} (torch_adam set in the config)")
     if facts.offload:
-        return _checked(
-            AdamChoice(note="optimizer: DeepSpeed CPU Adam (optimizer offload)"), params
-        )
+        return AdamChoice(note="optimizer: DeepSpeed CPU Adam (optimizer offload)")
     if facts.accelerator == "cpu":
         why = "CPU ranks: exact resume, no kernel compile"
-        return _checked(AdamChoice({"torch_adam": True}, f"optimizer: torch AdamW ({why})"), params)
+        return AdamChoice({"torch_adam": True}, f"optimizer: torch AdamW ({why})")
     if facts.accelerator != "cuda":
-        return _checked(
-            AdamChoice(note=f"optimizer: DeepSpeed's choice on {facts.accelerator}"), params
-        )
+        return AdamChoice(note=f"optimizer: DeepSpeed's choice on {facts.accelerator}")
     kind = "ROCm" if facts.rocm else "CUDA"
     if facts.prebuilt:
-        return _checked(AdamChoice(note="optimizer: DeepSpeed FusedAdam (op prebuilt)"), params)
+        return AdamChoice(note="optimizer: DeepSpeed FusedAdam (op prebuilt)")
     if facts.compiler:
         note = f"optimizer: DeepSpeed FusedAdam (JIT-built once with {facts.compiler})"
-        return _checked(AdamChoice(note=note), params)
+        return AdamChoice(note=note)
     compiler = "hipcc" if facts.rocm else "nvcc matching torch's CUDA version"
     choice = {"torch_adam": True}
     if params.get("foreach") is None:  # torch refuses fused together with foreach
@@ -87,7 +86,7 @@ def choose_adam(facts: AdamFacts, params: dict) -> AdamChoice:
         f"optimizer: torch AdamW ({fused}built into torch): no {compiler} to build DeepSpeed's "
         f"FusedAdam on this {kind} machine, and it is not prebuilt"
     )
-    return _checked(AdamChoice(choice, note), params)
+    return AdamChoice(choice, note)
 
 
 def _checked(choice: AdamChoice, params: dict) -> AdamChoice:
