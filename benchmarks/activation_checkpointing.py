@@ -5,10 +5,11 @@ and without `--activation_checkpointing`, per ZeRO stage, at a size where activa
     python benchmarks/activation_checkpointing.py --stages 2 --steps 4 --warmup 1 --reps 1
 
 Each row is a real `deepspeed --num_gpus RANKS gpt_ds/train.py` launch through
-benchmarks/throughput.py (the same launch, the same timing from metrics.jsonl, the same peak
-memory: the largest rank's peak RSS on CPU, the allocator's peak on GPUs), repetitions
-interleaved, medians reported. Beside the measured saving stands what gpt_ds's memory model
-predicts the layers keep for backward with and without recomputation (gpt_ds.memory).
+support/timed_runs.py, as in benchmarks/throughput.py (the same launch, the same timing from
+metrics.jsonl, the same peak memory: the largest rank's peak RSS on CPU, the allocator's peak
+on GPUs), repetitions interleaved, medians reported. Beside the measured saving stands what
+gpt_ds's memory model predicts the layers keep for backward with and without recomputation
+(gpt_ds.memory).
 """
 
 from __future__ import annotations
@@ -19,17 +20,17 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
 import torch  # noqa: E402
-from bench_common import prepare_shakespeare, work_dir  # noqa: E402
-from throughput import (  # noqa: E402
+from support.timed_runs import (  # noqa: E402
     Measured,
     Setup,
     add_launch_options,
     measure,
     parse_launch_args,
 )
+from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
 from gpt_ds.memory import activation_bytes  # noqa: E402
 from gpt_ds.model.gpt2 import MODEL_PRESETS, ModelShape  # noqa: E402
@@ -74,7 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p, block_size=256, micro_batch_size=16, grad_accum=1, steps=6, warmup=2, reps=1
     )
     a = parse_launch_args(p, argv)
-    a.rows = [OFF, ON]  # what throughput.measure launches
+    a.rows = [OFF, ON]  # what timed_runs.measure launches
     return a
 
 

@@ -11,7 +11,7 @@ preset, exactly as `gpt_ds/train.py` builds them) and `Trainer.evaluate`, which 
 model is freshly initialised from `--seed`, so every world size scores identical weights: the losses
 must agree to float rounding (the table gives each one's difference from 1 rank's). One
 evaluation warms up (allocations, first kernels), a barrier, then one timed evaluation.
-Ranks run with OMP_NUM_THREADS=1 (tests/helpers/launch.py) unless the row says otherwise.
+Ranks run with OMP_NUM_THREADS=1 (support/launch.py) unless the row says otherwise.
 Repetitions are interleaved (rotated order) and the median is reported.
 """
 
@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# this checkout's gpt_ds, and the launch helpers the tests share (tests/helpers/)
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
-from bench_common import prepare_shakespeare, work_dir  # noqa: E402
-from helpers.launch import launch_env, run_deepspeed  # noqa: E402
+from support.launch import launch_env, run_deepspeed  # noqa: E402
+from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
 # row name -> (ranks, threads per rank)
 ROWS: dict[str, tuple[int, int]] = {

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# this checkout's gpt_ds, and the launch helpers the tests share (tests/helpers/)
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
-from bench_common import prepare_shakespeare, status_bytes, work_dir  # noqa: E402
-from helpers.launch import launch_env, run_deepspeed  # noqa: E402
+from support.launch import launch_env, run_deepspeed  # noqa: E402
+from support.peak_rss import status_bytes  # noqa: E402
+from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
 from gpt_ds.checkpoint import Manifest, latest_tag  # noqa: E402
 from gpt_ds.model.gpt2 import MODEL_PRESETS, unpadded  # noqa: E402

@@ -36,7 +36,8 @@ sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
-from bench_common import status_bytes, work_dir  # noqa: E402
+from support.peak_rss import status_bytes  # noqa: E402
+from support.workspace import work_dir  # noqa: E402
 
 from gpt_ds.data.tokenizer import DEFAULT_CORPUS  # noqa: E402
 

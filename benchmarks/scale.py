@@ -8,8 +8,8 @@ the memory guard's verdict.
 Each row is a real `deepspeed --num_gpus RANKS gpt_ds/train.py` launch (fp32, block 128,
 micro-batch 1, no eval, no checkpoint) with `--ignore_memory_estimate`, so that a run the
 guard refuses is measured all the same; the guard's own verdict (fits / refuses) is a column.
-The prediction is the trainer's own estimate (gpt_ds.observe.report.memory_estimate, computed here
-from the same flags): its step total plus the rank's measured baseline (its peak RSS before
+The prediction is the trainer's own estimate (gpt_ds.run.plan.plan_run on the same flags, in the
+launch's world): its step total plus the rank's measured baseline (its peak RSS before
 the model was built, from the trainer's start-up line). A model whose prediction times the
 ranks exceeds the RAM is not launched. `--release_off MODEL` adds a row with
 `--release_host_memory off` (glibc keeps freed blocks) to show what returning them saves.
@@ -20,38 +20,29 @@ A launch that fails or is OOM-killed gives a row saying so (rc, last lines), not
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
+import dataclasses
 import re
 import statistics
-import subprocess
 import sys
-import time
-from collections.abc import Iterator
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# this checkout's gpt_ds, the launch helpers (tests/helpers/) and throughput.py's rank finder
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
+sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
-import psutil  # noqa: E402
-from bench_common import prepare_shakespeare, status_bytes, work_dir  # noqa: E402
-from helpers.launch import VENV_BIN, free_port, launch_env, remove_shm_buffers  # noqa: E402
-from throughput import rank_pids  # noqa: E402
+from support.launch import TRAIN, launcher_env  # noqa: E402
+from support.peak_rss import run_watched  # noqa: E402
+from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
 from gpt_ds.base.errors import ConfigError  # noqa: E402
-from gpt_ds.dsconfig.resolve import resolve_ds_config  # noqa: E402
-from gpt_ds.dsconfig.schema import load_ds_config, preset_path  # noqa: E402
 from gpt_ds.memory import GiB, MemoryEstimate  # noqa: E402
-from gpt_ds.memory.guard import check_fits, device_memory_bytes, host_memory_bytes  # noqa: E402
-from gpt_ds.model.gpt2 import MODEL_PRESETS, padded_vocab, resolve_shape  # noqa: E402
+from gpt_ds.memory.guard import check_fits, device_memory_bytes, node_ram_bytes  # noqa: E402
+from gpt_ds.model.gpt2 import MODEL_PRESETS  # noqa: E402
 from gpt_ds.observe.metrics import read_metrics  # noqa: E402
-from gpt_ds.observe.report import memory_estimate  # noqa: E402
 from gpt_ds.run.config import parse_args as train_args  # noqa: E402
-from gpt_ds.run.config import run_settings  # noqa: E402
+from gpt_ds.run.plan import plan_run  # noqa: E402
 
-TRAIN = REPO / "gpt_ds" / "train.py"
 # "rank 0 3.10 (2.61) GiB": the peak after start-up and the part that came with the model
 STARTUP = re.compile(r"rank (\d+) ([\d.]+) \(([-\d.]+)\) GiB")
 
@@ -92,32 +83,12 @@ def run_argv(model: str, args: argparse.Namespace, out: Path, release: str) -> l
     return [*argv, "--no_checkpoint", "--ignore_memory_estimate"]
 
 
-@contextlib.contextmanager
-def launcher_env(ranks: int) -> Iterator[None]:
-    """WORLD_SIZE / LOCAL_WORLD_SIZE as the launcher sets them, for the trainer's estimate."""
-    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")}
-    os.environ.update(WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks))
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def predict(argv: list[str], ranks: int) -> Prediction:
-    """The estimate the trainer prints for these flags, and whether its guard would start it."""
-    cfg = train_args(argv)
-    shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
-    shape = padded_vocab(shape, cfg.vocab_multiple)
-    with launcher_env(ranks):
-        settings = run_settings(cfg, ranks, hidden_size=shape.n_embd)
-        ds = resolve_ds_config(load_ds_config(preset_path(cfg.deepspeed_config)), settings)
-        est = memory_estimate(
-            shape, ds, cfg.activation_checkpointing, chunked_loss=cfg.loss == "chunked"
-        )
+    """The estimate the trainer prints for these flags (its own planning chain, in the world the
+    launch gives it), and whether its guard would start the run. The plan's out dir is a scratch
+    directory: plan_run creates it, and a row that is not launched leaves no directory."""
+    with tempfile.TemporaryDirectory() as scratch, launcher_env(ranks):
+        est = plan_run(dataclasses.replace(train_args(argv), out_dir=scratch)).estimate
     try:
         # the host: this machine's RAM, or its cgroup limit where lower (as the trainer checks)
         check_fits(est, ranks_per_node=ranks, device_bytes=device_memory_bytes(0))
@@ -129,31 +100,8 @@ def predict(argv: list[str], ranks: int) -> Prediction:
 def launch(argv: list[str], ranks: int, out: Path, timeout: float) -> Launch:
     """One launch, every rank's VmHWM polled; a failure (OOM kill included) is returned."""
     out.mkdir(parents=True)
-    port = free_port()
-    cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(port)]
-    cmd += [str(TRAIN), *argv]
-    peaks: dict[int, int] = {}
-    deadline = time.monotonic() + timeout
-    with (out / "log.txt").open("w") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=launch_env(), stdout=log, stderr=subprocess.STDOUT
-        )
-        launcher = psutil.Process(proc.pid)
-        try:
-            while proc.poll() is None and time.monotonic() < deadline:
-                for p in rank_pids(launcher):
-                    peaks[p.pid] = max(peaks.get(p.pid, 0), status_bytes(p.pid, "VmHWM"))
-                time.sleep(0.1)
-        finally:
-            if proc.poll() is None:
-                for p in [*launcher.children(recursive=True), launcher]:
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        p.kill()
-                proc.wait()
-            remove_shm_buffers("127.0.0.1", port)
-    rc = proc.returncode if time.monotonic() < deadline else 124
-    peak = max(peaks.values(), default=0) / GiB
-    return Launch(rc, peak, (out / "log.txt").read_text(), out)
+    run = run_watched(ranks, [TRAIN, *argv], out / "log.txt", timeout)
+    return Launch(run.rc, run.peak_bytes / GiB, (out / "log.txt").read_text(), out)
 
 
 def startup(log: str) -> tuple[float, float] | None:
@@ -213,7 +161,7 @@ HEADER = [
 
 def measure(args: argparse.Namespace, work: Path) -> list[str]:
     """Every model (and every --release_off row), smallest first; the table's rows."""
-    rows, baseline, ram = [], 0.0, host_memory_bytes() / GiB
+    rows, baseline, ram = [], 0.0, node_ram_bytes() / GiB
     todo = [(m, "auto") for m in args.models] + [(m, "off") for m in args.release_off]
     for model, release in todo:
         name = model if release == "auto" else f"{model}, --release_host_memory off"
@@ -274,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure(args, work)
     print(
         f"\n{args.ranks} ranks, ZeRO-3, fp32, block {args.block_size}, micro-batch 1, "
-        f"{args.steps} steps; RAM {host_memory_bytes() / GiB:.1f} GiB\n"
+        f"{args.steps} steps; RAM {node_ram_bytes() / GiB:.1f} GiB\n"
     )
     print("\n".join(HEADER + rows))
     return 0

@@ -1,6 +1,8 @@
 """Shared test set-up: an isolated torch-extensions cache for DeepSpeed's JIT ops, and the
 session fixtures (prepared data, one training run per ZeRO stage) and `launch`, a run in the
-background. Helpers live in helpers/."""
+background. What only tests use lives in helpers/; what the benchmarks use too (launches, runs,
+background runs) in benchmarks/support/, imported as `support.*` (benchmarks/ is put on
+sys.path here)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ from pathlib import Path
 # DeepSpeed JIT-compiles its CPU comm op on first use; a cache shared with another environment
 # would be rebuilt at every launch. Keep it inside this virtual environment.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# benchmarks/support/: the launch and run helpers the tests share with the benchmarks
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 import pytest  # noqa: E402
 from helpers.compared_runs import compared_run
-from helpers.faults import Launch  # noqa: E402
-from helpers.launch import (  # noqa: E402
+from support.faults import Launch  # noqa: E402
+from support.launch import (  # noqa: E402
     REPO,
     STAGE_RUN_ITERS,
     run_deepspeed,
@@ -34,7 +38,7 @@ def pytest_configure(config):
     """Every run but the GPU subset trains on CPU ranks, on any machine: the suite's numbers
     (gloo, CPU kernels, the CPU RNG of ZeRO-3's partitioned build) and its 2-rank launches
     assume them. Set before any test imports DeepSpeed or initialises CUDA; launched ranks
-    inherit it (helpers/launch.py copies this environment)."""
+    inherit it (support/launch.py copies this environment)."""
     if not selects_gpu_tests(config.option.markexpr or ""):
         os.environ.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.launch import (
+from support.launch import (
     REPO,
     TRAIN,
     VENV_BIN,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers.launch import run_benchmark
+from support.launch import run_benchmark
 
 ROW = re.compile(
     r"^\| (?P<tool>[^|]+?) \| (?P<median>[\d.]+) \| (?P<reps>[\d. /]+?) \| (?P<rss>[\d.]+) GiB "

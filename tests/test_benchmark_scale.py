@@ -8,7 +8,7 @@ import os
 import re
 
 import pytest
-from helpers.launch import run_benchmark
+from support.launch import run_benchmark
 
 RAN = re.compile(
     r"^\| gpt2-tiny \| (\d+)M \| ([\d.]+) GiB \(([\d.]+) \+ ([\d.]+)\) \| ([\d.]+) GiB \| "

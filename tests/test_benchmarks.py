@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers.launch import run_benchmark
+from support.launch import run_benchmark
 
 ROWS = [
     "gpt_ds",

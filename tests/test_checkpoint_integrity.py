@@ -15,15 +15,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers.launch import REPO, STAGE_RUN_ITERS, run_deepspeed, run_python, tiny_run_args
-from helpers.runs import train_losses
+from support.launch import REPO, STAGE_RUN_ITERS, run_deepspeed, run_python, tiny_run_args
+from support.runs import train_losses
 
 pytestmark = pytest.mark.slow
 
 VERIFY = REPO / "tools" / "verify_checkpoint.py"
 EXPORT = REPO / "tools" / "zero_to_fp32.py"
 # every kind of file a ZeRO-2 checkpoint holds: weights, a rank's optimizer shard, a rank's
-# RNG and sampler state
+# RNG and training-window state
 FILE_KINDS = [
     "mp_rank_00_model_states.pt",
     "zero_pp_rank_1_mp_rank_00_optim_states.pt",

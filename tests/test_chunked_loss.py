@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.launch import run_deepspeed, tiny_run_args
-from helpers.runs import train_losses, val_losses
+from support.launch import run_deepspeed, tiny_run_args
+from support.runs import train_losses, val_losses
 
 from gpt_ds.data.tokenizer import get_encoding
 from gpt_ds.model.chunked_loss import IGNORE_INDEX, chunked_cross_entropy

@@ -5,8 +5,8 @@ eager, saying why."""
 from __future__ import annotations
 
 import pytest
-from helpers.launch import run_deepspeed, tiny_run_args
-from helpers.runs import train_losses, val_losses
+from support.launch import run_deepspeed, tiny_run_args
+from support.runs import train_losses, val_losses
 
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.training.compile_model import compile_blocker

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from helpers.launch import free_port, launch_env, remove_shm_buffers, run_python
+from support.launch import free_port, launch_env, remove_shm_buffers, run_python
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig import resolve as ds_config

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args
-from helpers.runs import val_losses
+from support.launch import REPO, run_deepspeed, run_python, tiny_run_args
+from support.runs import val_losses
 
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.training.early_stop import EarlyStop

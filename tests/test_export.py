@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.launch import REPO, STAGE_RUN_ITERS, run_python
+from support.launch import REPO, STAGE_RUN_ITERS, run_python
 
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.data.tokens import eval_windows, window_batch
@@ -27,7 +27,7 @@ from gpt_ds.model.gpt2 import ModelShape, gpt2_config, unpadded
 from gpt_ds.observe.metrics import read_metrics
 
 TOOLS = REPO / "tools"
-EVAL_ITERS, MICRO_BATCH, BLOCK = 4, 4, 64  # the stage runs' (helpers.launch.tiny_run_args)
+EVAL_ITERS, MICRO_BATCH, BLOCK = 4, 4, 64  # the stage runs' (support.launch.tiny_run_args)
 
 
 # --------------------------------------------------------------------------- fixtures, helpers

@@ -1,14 +1,14 @@
 """Crashes, preemption, full disks, bad numbers and resizing, with real DeepSpeed ranks on CPU.
 
 Every run here is a real launch (`deepspeed --num_gpus 2 gpt_ds/train.py ...`, or
-`python gpt_ds/train.py` for one rank) started in the background by `helpers.faults.Launch`, so
+`python gpt_ds/train.py` for one rank) started in the background by `support.faults.Launch`, so
 a test can kill a rank, signal the launcher, or watch the run's files while it works. References
 are computed in each test module: uninterrupted runs of the same configuration (`References`),
 DeepSpeed's own zero_to_fp32 for weights, and plain `transformers` for a loss.
 
 /dev/shm: DeepSpeed's CPU comm op leaves a ~66 MB buffer per rank of a multi-rank launch (a
 one-process run makes none, measured) that only our ranks remove. Unlike
-`helpers.launch.run_deepspeed`, `Launch` removes a run's buffers only at teardown, after the
+`support.launch.run_deepspeed`, `Launch` removes a run's buffers only at teardown, after the
 test has looked: each 2-rank test asserts that nothing of its run is left after a normal end, an
 error exit after start-up (non-finite loss, full disk) and a SIGTERM/SIGINT stop. A SIGKILLed
 rank cannot remove its buffer: those tests assert that exactly the killed ranks' buffers
@@ -20,8 +20,8 @@ Measured exit codes (DeepSpeed 0.19.8, local launch, recorded in the assertions 
 - SIGTERM to the launcher: every rank saves and exits 0, the launcher exits 1 anyway
   (its handler ends in `sys.exit(1)`);
 - SIGTERM to `deepspeed` itself is not forwarded on a local launch: it dies at once (status
-  -15). The ranks watch for that (gpt_ds/training/stop.py): they stop as for SIGTERM, save, exit 0,
-  and the orphaned launcher exits 0 after them;
+  -15). The ranks watch for that (gpt_ds/training/stop_request.py): they stop as for SIGTERM,
+  save, exit 0, and the orphaned launcher exits 0 after them;
 - SIGINT to the whole process group (Ctrl-C): ranks save and exit 0; `deepspeed` dies of the
   KeyboardInterrupt at once, before the ranks finish saving.
 """
@@ -42,9 +42,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.faults import Launch
-from helpers.launch import REPO, launch_env, tiny_run_args
-from helpers.runs import consolidated_model, train_losses, train_lrs, val_losses
+from support.faults import Launch
+from support.launch import REPO, launch_env, tiny_run_args
+from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 
 from gpt_ds.observe.metrics import read_metrics
 
@@ -103,19 +103,19 @@ def batch_loss(out: Path, tag: str, data_dir: Path, ranks: list[int], sequences:
     drawn.
 
     One process, plain transformers: sequence i of a rank's stream is a pure function of
-    (seed, rank, i) (gpt_ds.data.tokens.TrainSampler), so this is what a resumed run must log first.
+    (seed, rank, i) (gpt_ds.data.tokens.TrainWindows), so this is what a resumed run must log first.
     """
-    from gpt_ds.data.tokens import TrainSampler
+    from gpt_ds.data.tokens import TrainWindows
     from gpt_ds.model.gpt2 import lm_loss
 
     model = consolidated_model(out, tag)
     tokens = np.memmap(data_dir / "train.bin", dtype=np.uint16, mode="r")
     losses = []
     for r in ranks:
-        sampler = TrainSampler(tokens, block_size=64, batch_size=4, seed=1337, rank=r)
-        sampler.sequences = sequences
+        train_windows = TrainWindows(tokens, block_size=64, batch_size=4, seed=1337, rank=r)
+        train_windows.sequences = sequences
         with torch.no_grad():
-            losses.append(lm_loss(model, *sampler.next_batch()).item())
+            losses.append(lm_loss(model, *train_windows.next_batch()).item())
     return sum(losses) / len(losses)
 
 

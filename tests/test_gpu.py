@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args
-from helpers.runs import consolidated_model, train_losses
+from support.launch import REPO, run_deepspeed, run_python, tiny_run_args
+from support.runs import consolidated_model, train_losses
 
 from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
 

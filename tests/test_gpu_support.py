@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers.launch import TRAIN, launch_env, run_python, tiny_run_args
+from support.launch import TRAIN, launch_env, run_python, tiny_run_args
 
 from gpt_ds.launch.checks import Check, gpu_check
 from gpt_ds.launch.gpu_support import (

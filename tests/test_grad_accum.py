@@ -1,9 +1,9 @@
-"""Gradient accumulation, proven: a rank's samples do not depend on how its batch is split into
-micro-batches (gpt_ds.data.tokens.TrainSampler, fast tests), so `--micro_batch_size 2
+"""Gradient accumulation, proven: a rank's training windows do not depend on how its batch is
+split into micro-batches (gpt_ds.data.tokens.TrainWindows, fast tests), so `--micro_batch_size 2
 --grad_accum 4` trains as `--micro_batch_size 8 --grad_accum 1` to float rounding under
-ZeRO-1/2/3 (real 2-rank
-runs, helpers.compared_runs); a resume with accumulation is exact; evaluations and checkpoints
-land on optimizer steps, counted as DeepSpeed counts them in its own engine state."""
+ZeRO-1/2/3 (real 2-rank runs, helpers.compared_runs); a resume with accumulation is exact;
+evaluations and checkpoints land on optimizer steps, counted as DeepSpeed counts them in its own
+engine state."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ from helpers.compared_runs import (
     assert_losses_close,
     assert_weights_close,
 )
-from helpers.launch import run_deepspeed, tiny_run_args
-from helpers.runs import consolidated_model, train_losses, train_lrs, val_losses
+from support.launch import run_deepspeed, tiny_run_args
+from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.checkpoint import Manifest
 from gpt_ds.checkpoint.batch import with_saved_micro_batch
-from gpt_ds.data.tokens import TrainSampler
+from gpt_ds.data.tokens import TrainWindows
 from gpt_ds.observe.metrics import read_metrics
 
 BLOCK = 16
@@ -37,25 +37,25 @@ SPLIT = {"micro_batch_size": 2, "grad_accum": 4, "eval_iters": 2}
 WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}
 
 
-def sampler(batch: int, rank: int = 0, seed: int = 7) -> TrainSampler:
-    return TrainSampler(TOKENS, BLOCK, batch, seed=seed, rank=rank)
+def train_windows(batch: int, rank: int = 0, seed: int = 7) -> TrainWindows:
+    return TrainWindows(TOKENS, BLOCK, batch, seed=seed, rank=rank)
 
 
-def draw(s: TrainSampler, times: int) -> tuple[torch.Tensor, torch.Tensor]:
+def draw(s: TrainWindows, times: int) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = zip(*(s.next_batch() for _ in range(times)), strict=True)
     return torch.cat(xs), torch.cat(ys)
 
 
-# ---------------------------------------------------------------------------- the sampler
+# ---------------------------------------------------------------------- the training windows
 def test_a_split_batch_draws_the_same_sequences():
-    x8, y8 = draw(sampler(8), 3)  # 3 steps of micro-batch 8
-    x2, y2 = draw(sampler(2), 12)  # the same 3 steps as 4 micro-batches of 2
+    x8, y8 = draw(train_windows(8), 3)  # 3 steps of micro-batch 8
+    x2, y2 = draw(train_windows(2), 12)  # the same 3 steps as 4 micro-batches of 2
     assert torch.equal(x2, x8) and torch.equal(y2, y8)
     assert len(set(x8[:, 0].tolist())) == 24  # 24 different windows
 
 
 def test_windows_are_the_split_at_their_starts():
-    s = sampler(64)
+    s = train_windows(64)
     x, y = s.next_batch()
     starts = x[:, 0].numpy()
     assert np.array_equal(starts, s.starts(0, 64))
@@ -63,31 +63,31 @@ def test_windows_are_the_split_at_their_starts():
         window = torch.from_numpy(TOKENS[start : start + BLOCK + 1].astype(np.int64))
         assert torch.equal(x[row], window[:-1]) and torch.equal(y[row], window[1:])
     assert starts.min() >= 0 and starts.max() < len(TOKENS) - BLOCK - 1
-    assert np.array_equal(sampler(4).starts(10, 6), s.starts(0, 16)[10:])  # any stretch
+    assert np.array_equal(train_windows(4).starts(10, 6), s.starts(0, 16)[10:])  # any stretch
 
 
 def test_streams_differ_by_rank_and_seed_and_cover_the_split():
-    base = sampler(1).starts(0, 100)
-    assert not np.array_equal(base, sampler(1, rank=1).starts(0, 100))
-    assert not np.array_equal(base, sampler(1, seed=8).starts(0, 100))
-    assert np.array_equal(base, sampler(1).starts(0, 100))  # and nothing else
-    counts = np.bincount(sampler(1).starts(0, 50_000) * 10 // (len(TOKENS) - BLOCK - 1))
+    base = train_windows(1).starts(0, 100)
+    assert not np.array_equal(base, train_windows(1, rank=1).starts(0, 100))
+    assert not np.array_equal(base, train_windows(1, seed=8).starts(0, 100))
+    assert np.array_equal(base, train_windows(1).starts(0, 100))  # and nothing else
+    counts = np.bincount(train_windows(1).starts(0, 50_000) * 10 // (len(TOKENS) - BLOCK - 1))
     assert len(counts) == 10 and counts.min() > 4_700 and counts.max() < 5_300  # uniform
 
 
 def test_state_counts_sequences_and_resumes_the_stream():
-    s = sampler(4)
+    s = train_windows(4)
     draw(s, 3)
     state = s.state_dict()
     assert state == {"seed": 7, "rank": 0, "sequences": 12, "micro_batch_size": 4}
-    resumed = sampler(2)  # another split continues the same stream
+    resumed = train_windows(2)  # another split continues the same stream
     resumed.load_state_dict(state)
     assert torch.equal(draw(resumed, 2)[0], draw(s, 1)[0])
-    with pytest.raises(DataError, match="sampler state has seed 7, this run 8"):
-        sampler(4, seed=8).load_state_dict(state)
+    with pytest.raises(DataError, match="training-window state has seed 7, this run 8"):
+        train_windows(4, seed=8).load_state_dict(state)
 
 
-def test_a_state_of_the_micro_batch_counting_sampler_continues_after_its_sequences():
+def test_a_state_of_the_micro_batch_counting_stream_continues_after_its_sequences():
     """Before the per-sequence stream, the state was `position`, micro-batches drawn: it
     continues after position x the checkpoint's micro-batch (the manifest's), else this
     run's."""
@@ -101,12 +101,12 @@ def test_a_state_of_the_micro_batch_counting_sampler_continues_after_its_sequenc
         config={"micro_batch_size": 3, "grad_accum": 1},
         files={},
     )
-    s = sampler(6, rank=1)
+    s = train_windows(6, rank=1)
     s.load_state_dict(with_saved_micro_batch(old, manifest))
     assert s.sequences == 15
     s.load_state_dict(old)  # nothing recorded: this run's micro-batch
     assert s.sequences == 30
-    new = sampler(3).state_dict()  # a current state keeps its own count
+    new = train_windows(3).state_dict()  # a current state keeps its own count
     assert with_saved_micro_batch(new, manifest)["sequences"] == 0
 
 
@@ -154,6 +154,7 @@ def test_evaluations_and_checkpoints_land_on_optimizer_steps(stage, runs):
         assert (state["global_steps"], state["global_samples"]) == (it, it * 2 * 8)
         for rank in (0, 1):
             rank_state = torch.load(out / tag / f"gpt_ds_rank{rank}.pt", weights_only=False)
+            # the training windows' state: the file key keeps its old name
             assert rank_state["sampler"]["sequences"] == it * 8
 
 

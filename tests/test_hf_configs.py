@@ -15,8 +15,8 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers.launch import run_deepspeed, tiny_run_args
-from helpers.runs import train_losses, train_lrs
+from support.launch import run_deepspeed, tiny_run_args
+from support.runs import train_losses, train_lrs
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.precision import detect_precision

@@ -9,7 +9,7 @@ import json
 import shutil
 
 import pytest
-from helpers.launch import (
+from support.launch import (
     REPO,
     STAGE_RUN_ITERS,
     TRAIN,
@@ -18,7 +18,7 @@ from helpers.launch import (
     tiny_run_args,
     train_fails,
 )
-from helpers.runs import train_lrs, val_losses
+from support.runs import train_lrs, val_losses
 
 from gpt_ds.base import cli
 from gpt_ds.commands.pick_preset import PickPresetOptions

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers.launch import (
+from support.launch import (
     REPO,
     free_port,
     launch_env,

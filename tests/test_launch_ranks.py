@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers.launch import REPO, launch_env
+from support.launch import REPO, launch_env
 
 from gpt_ds.launch.ranks import (
     CPU_RANKS,
@@ -154,7 +154,7 @@ def test_this_suite_trains_on_cpu_ranks_whatever_the_machine_has():
     launches assume CPU ranks, and launched ranks inherit the environment."""
     import torch
     from deepspeed.accelerator import get_accelerator
-    from helpers.launch import launch_env
+    from support.launch import launch_env
 
     env = launch_env()
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["HIP_VISIBLE_DEVICES"] == ""

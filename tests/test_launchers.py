@@ -12,7 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers.launch import (
+from helpers.sshd import Unavailable, ensure_packages
+from support.launch import (
     REPO,
     VENV_BIN,
     free_port,
@@ -20,7 +21,6 @@ from helpers.launch import (
     remove_shm_buffers,
     tiny_run_args,
 )
-from helpers.sshd import Unavailable, ensure_packages
 
 LAUNCHERS = REPO / "launchers"
 

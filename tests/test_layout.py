@@ -14,13 +14,13 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "gpt_ds"
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 60
-TRAINING_PATH = ["train.py", "run/plan.py", "training", "observe/report.py", "checkpoint"]
+TRAINING_PATH = ["train.py", "run/plan.py", "training", "observe/startup.py", "checkpoint"]
 # The subpackages, bottom layer first: a module may import its own subpackage and those listed
 # before it, never one after it. `train.py` (the entry point) sits above them all.
 LAYERS = [
     "base",  # errors, process group, CLI style: used everywhere
     "model",  # GPT-2 shapes, construction, the chunked loss
-    "data",  # tokenizer, token files, samplers, mixtures; data/prepare
+    "data",  # tokenizer, token files, training windows, mixtures; data/prepare
     "dsconfig",  # the DeepSpeed config: schema, RunSettings, "auto", precision, optimizer
     "memory",  # the ZeRO memory and communication model, the guard, the picker
     "observe",  # metrics, monitors, start-up report, plots

@@ -13,8 +13,8 @@ import shutil
 import pytest
 import torch
 from deepspeed.runtime import lr_schedules
-from helpers.launch import TRAIN, run_python, tiny_run_args
-from helpers.runs import train_losses, train_lrs
+from support.launch import TRAIN, run_python, tiny_run_args
+from support.runs import train_losses, train_lrs
 
 from gpt_ds.dsconfig.lr_schedule import with_schedule, wsd_factor
 from gpt_ds.dsconfig.resolve import resolve_ds_config

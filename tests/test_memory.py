@@ -8,6 +8,7 @@ GPT2LMHeadModel (parameter layout, saved activations), and the figures in
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -18,11 +19,12 @@ import pytest
 import torch
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs, model_to_params
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-from helpers.launch import REPO
+from support.launch import REPO
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.memory import (
     ACT_BYTES_PER_SBH_16BIT,
+    DeepSpeedRun,
     GiB,
     Hardware,
     ZeroSettings,
@@ -56,7 +58,11 @@ SHAPES = {
 CLUSTERS = [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 8), (16, 4)]  # (gpus per node, nodes)
 
 
-def run(shape=XL, **kw):
+def run(shape=XL, zero_config=None, reduce_bucket_size=None, **kw):
+    """estimate_run of gpt2-xl-like defaults; `zero_config` a zero_optimization section."""
+    zero = ZeroSettings.from_ds_config(zero_config)
+    if reduce_bucket_size is not None:
+        zero = dataclasses.replace(zero, reduce_bucket_size=reduce_bucket_size)
     args = dict(
         zero_stage=2,
         offload_optimizer=False,
@@ -67,7 +73,7 @@ def run(shape=XL, **kw):
         precision="bf16",
         activation_checkpointing=False,
     )
-    return estimate_run(shape, **{**args, **kw})
+    return estimate_run(shape, DeepSpeedRun(**{**args, **kw}, zero=zero))
 
 
 def close(ours: float, ref: float, tol: float = 0.05) -> bool:

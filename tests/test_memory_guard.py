@@ -5,19 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.launch import tiny_run_args, train_fails
+from support.launch import tiny_run_args, train_fails
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.memory import Hardware, estimate_run
+from gpt_ds.memory import DeepSpeedRun, Hardware, estimate_run
 from gpt_ds.memory.constants import GiB
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK
 from gpt_ds.memory.guard import (
     CPU_ONLY_RANK_BYTES,
     cgroup_memory_limit,
     check_fits,
-    host_limit,
-    host_memory,
-    host_memory_bytes,
+    node_ram,
+    node_ram_bytes,
+    ram_limit,
 )
 from gpt_ds.memory.hardware import usable_cpu_memory, usable_gpu_memory
 from gpt_ds.model.gpt2 import resolve_shape
@@ -25,8 +25,7 @@ from gpt_ds.model.gpt2 import resolve_shape
 
 def estimate(micro_batch_size: int, world_size: int = 2):
     """gpt2-tiny as the trainer runs it by default (chunked loss)."""
-    return estimate_run(
-        resolve_shape("gpt2-tiny", block_size=64),
+    run = DeepSpeedRun(
         zero_stage=2,
         offload_optimizer=False,
         offload_param=False,
@@ -37,19 +36,20 @@ def estimate(micro_batch_size: int, world_size: int = 2):
         activation_checkpointing=False,
         chunked_loss=True,
     )
+    return estimate_run(resolve_shape("gpt2-tiny", block_size=64), run)
 
 
 def test_fits_on_gpu_and_cpu_when_there_is_room():
     est = estimate(4)
-    check_fits(est, ranks_per_node=2, device_bytes=80 * GiB, host=host_limit(64 * GiB, None))
-    check_fits(est, ranks_per_node=2, device_bytes=None, host=host_limit(64 * GiB, None))
+    check_fits(est, ranks_per_node=2, device_bytes=80 * GiB, ram=ram_limit(64 * GiB, None))
+    check_fits(est, ranks_per_node=2, device_bytes=None, ram=ram_limit(64 * GiB, None))
 
 
 def test_gpu_too_small_names_the_estimate_and_the_fixes():
     est = estimate(4)
     small = est.total - 1
     with pytest.raises(ConfigError) as e:
-        check_fits(est, ranks_per_node=2, device_bytes=small, host=host_limit(64 * GiB, None))
+        check_fits(est, ranks_per_node=2, device_bytes=small, ram=ram_limit(64 * GiB, None))
     text = str(e.value)
     assert f"the estimate is {est.total / GiB:.2f} GiB per GPU" in text
     assert f"of this {small / GiB:.2f} GiB GPU" in text
@@ -65,10 +65,10 @@ def test_the_guard_uses_the_pickers_usable_gpu_memory():
     card = int((est.total - 1) / 0.9) + GiB  # its usable part is just below the estimate
     assert usable_gpu_memory(card) < est.total < card
     with pytest.raises(ConfigError, match=r"GiB a run may use of this .* GiB GPU \(90% of"):
-        check_fits(est, ranks_per_node=2, device_bytes=card, host=host_limit(64 * GiB, None))
+        check_fits(est, ranks_per_node=2, device_bytes=card, ram=ram_limit(64 * GiB, None))
     roomy = int(est.total / 0.9) + GiB + 16
     assert usable_gpu_memory(roomy) >= est.total
-    check_fits(est, ranks_per_node=2, device_bytes=roomy, host=host_limit(64 * GiB, None))
+    check_fits(est, ranks_per_node=2, device_bytes=roomy, ram=ram_limit(64 * GiB, None))
 
 
 def test_on_cpu_every_rank_counts_against_the_host():
@@ -77,9 +77,9 @@ def test_on_cpu_every_rank_counts_against_the_host():
     need = est.cpu_bytes - 2 * (CPU_BYTES_PER_RANK - CPU_ONLY_RANK_BYTES) + 2 * est.total
     enough = int(need / 0.9) + 16  # the host check allows 90% of the RAM, as the picker
     assert usable_cpu_memory(enough) >= need
-    check_fits(est, ranks_per_node=2, device_bytes=None, host=host_limit(enough, None))
+    check_fits(est, ranks_per_node=2, device_bytes=None, ram=ram_limit(enough, None))
     with pytest.raises(ConfigError, match=rf"is {need / GiB:.2f} GiB per node") as e:
-        check_fits(est, ranks_per_node=2, device_bytes=None, host=host_limit(need + 16, None))
+        check_fits(est, ranks_per_node=2, device_bytes=None, ram=ram_limit(need + 16, None))
     assert f"90% of this machine's {(need + 16) / GiB:.2f} GiB of RAM" in str(e.value)
 
 
@@ -87,7 +87,7 @@ def test_an_impossible_run_is_refused_before_the_process_group(shakespeare_dir, 
     """micro-batch 16384 x block 64 in one process: ~60 GiB of activations on a machine of
     far less (the chunked loss keeps the logits small, the layers' activations are not)."""
     est = estimate(16384, world_size=1)
-    assert est.total > host_memory_bytes()  # the premise, on this machine
+    assert est.total > node_ram_bytes()  # the premise, on this machine
     args = tiny_run_args(shakespeare_dir, tmp_path / "out", micro_batch_size=16384)
     err = train_fails(args)  # refused before the process group and the model
     assert "error: invalid configuration (memory estimate):" in err
@@ -144,20 +144,20 @@ def test_cgroup_v1_memory_controller_and_its_no_limit_value(tmp_path):
 
 
 def test_the_cgroup_limit_is_the_hosts_ram_and_is_named():
-    assert host_limit(64 * GiB, None) == (64 * GiB, "this machine's 64.00 GiB of RAM")
-    assert host_limit(64 * GiB, 128 * GiB).bytes == 64 * GiB
-    limited = host_limit(64 * GiB, 16 * GiB)
+    assert ram_limit(64 * GiB, None) == (64 * GiB, "this machine's 64.00 GiB of RAM")
+    assert ram_limit(64 * GiB, 128 * GiB).bytes == 64 * GiB
+    limited = ram_limit(64 * GiB, 16 * GiB)
     assert limited == (16 * GiB, "the cgroup limit 16.00 GiB (Slurm --mem / docker -m)")
     est = estimate(4)
     need = est.cpu_bytes - 2 * (CPU_BYTES_PER_RANK - CPU_ONLY_RANK_BYTES) + 2 * est.total
-    job = host_limit(64 * GiB, need)  # a job's limit: the estimate itself, not 90% of it
+    job = ram_limit(64 * GiB, need)  # a job's limit: the estimate itself, not 90% of it
     with pytest.raises(ConfigError) as e:
         check_fits(
             est,
             ranks_per_node=2,
             device_bytes=None,
-            host=job,
+            ram=job,
         )
     assert f"may use: 90% of the cgroup limit {need / GiB:.2f} GiB (Slurm --mem" in str(e.value)
-    here = host_memory()
-    assert here.bytes == host_memory_bytes() > 0 and here.limit
+    here = node_ram()
+    assert here.bytes == node_ram_bytes() > 0 and here.limit

@@ -1,6 +1,6 @@
-"""Dataset mixtures (`--data_dir a:0.3 --data_dir b:0.7`): the flag, the sampler's draw against
-the weights over many batches, and a real 2-rank run reporting each source's val loss (log,
-metrics.jsonl, CSV monitor) and their weighted mean, resumed exactly."""
+"""Dataset mixtures (`--data_dir a:0.3 --data_dir b:0.7`): the flag, the training windows' draw
+against the weights over many batches, and a real 2-rank run reporting each source's val loss
+(log, metrics.jsonl, CSV monitor) and their weighted mean, resumed exactly."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args, train_fails
-from helpers.runs import train_losses
+from support.launch import REPO, run_deepspeed, run_python, tiny_run_args, train_fails
+from support.runs import train_losses
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.data.mixture import DataMix, MixtureSampler
+from gpt_ds.data.mixture import DataMix, MixtureWindows
 from gpt_ds.data.spec import DataSpec, data_specs
-from gpt_ds.data.tokens import TokenData, TrainSampler
+from gpt_ds.data.tokens import TokenData, TrainWindows
 from gpt_ds.observe.metrics import read_metrics
 
 BLOCK = 16
@@ -47,22 +47,22 @@ def test_the_flag_takes_weights_for_all_sources_or_none(tmp_path):
 
 
 def test_each_source_is_drawn_in_proportion_to_its_weight():
-    sampler = MixtureSampler(MIX, BLOCK, batch_size=8, seed=3, rank=1)
-    firsts = np.concatenate([sampler.next_batch()[0][:, 0].numpy() for _ in range(1000)])
+    train_windows = MixtureWindows(MIX, BLOCK, batch_size=8, seed=3, rank=1)
+    firsts = np.concatenate([train_windows.next_batch()[0][:, 0].numpy() for _ in range(1000)])
     share_b = float(np.mean(firsts >= 5000))
     assert share_b == pytest.approx(0.7, abs=0.02)  # 8000 draws: sd 0.005
     # every window lies inside one source
-    x, _ = MixtureSampler(MIX, BLOCK, batch_size=64, seed=3, rank=1).next_batch()
+    x, _ = MixtureWindows(MIX, BLOCK, batch_size=64, seed=3, rank=1).next_batch()
     assert all(len({int(t) // 5000 for t in row}) == 1 for row in x)
 
 
-def test_a_split_batch_draws_the_same_sequences_and_one_source_is_the_plain_sampler():
-    whole = MixtureSampler(MIX, BLOCK, batch_size=8, seed=5, rank=0).next_batch()[0]
-    split = MixtureSampler(MIX, BLOCK, batch_size=2, seed=5, rank=0)
+def test_a_split_batch_draws_the_same_sequences_and_one_source_is_the_plain_stream():
+    whole = MixtureWindows(MIX, BLOCK, batch_size=8, seed=5, rank=0).next_batch()[0]
+    split = MixtureWindows(MIX, BLOCK, batch_size=2, seed=5, rank=0)
     assert np.array_equal(np.concatenate([split.next_batch()[0] for _ in range(4)]), whole)
     alone = DataMix(names=["a"], sources=[MIX.sources[0]], weights=[1.0])
-    plain = TrainSampler(alone.sources[0].train, BLOCK, 8, seed=5, rank=0).next_batch()[0]
-    assert np.array_equal(MixtureSampler(alone, BLOCK, 8, seed=5, rank=0).next_batch()[0], plain)
+    plain = TrainWindows(alone.sources[0].train, BLOCK, 8, seed=5, rank=0).next_batch()[0]
+    assert np.array_equal(MixtureWindows(alone, BLOCK, 8, seed=5, rank=0).next_batch()[0], plain)
 
 
 @pytest.fixture(scope="module")

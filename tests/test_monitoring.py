@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers.launch import launch_env, run_deepspeed, run_python, tiny_run_args
+from support.launch import launch_env, run_deepspeed, run_python, tiny_run_args
 
 from gpt_ds.observe.metrics import format_duration, read_metrics
 from gpt_ds.observe.peak_flops import lookup
@@ -190,7 +190,7 @@ def test_wandb_online_without_a_key_is_refused_before_training(shakespeare_dir, 
 
 
 def test_a_configs_own_monitor_sections_write_under_the_out_dir(monkeypatch):
-    from gpt_ds.observe.monitoring import describe, with_monitor_flags
+    from gpt_ds.dsconfig.monitors import describe, with_monitor_flags
 
     user = {"tensorboard": {"enabled": True, "output_path": ""}, "csv_monitor": {"enabled": False}}
     cfg = with_monitor_flags(

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.compared_runs import BASE, ITERS, assert_losses_close
-from helpers.launch import run_deepspeed, tiny_run_args
-from helpers.runs import train_losses, val_losses
+from support.launch import run_deepspeed, tiny_run_args
+from support.runs import train_losses, val_losses
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.data.tokenizer import DEFAULT_CORPUS, VOCAB_SIZE, get_encoding

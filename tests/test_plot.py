@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.launch import REPO, STAGE_RUN_ITERS
+from support.launch import REPO, STAGE_RUN_ITERS
 
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.commands.plot_metrics import main
 from gpt_ds.observe import plot
 
-# the stage runs' batch (helpers.launch.tiny_run_args): micro 4 x accum 1 x 2 ranks x block 64
+# the stage runs' batch (support.launch.tiny_run_args): micro 4 x accum 1 x 2 ranks x block 64
 STAGE_TOKENS_PER_ITER = 4 * 1 * 2 * 64
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from deepspeed.accelerator import get_accelerator
-from helpers.launch import run_deepspeed, tiny_run_args
+from support.launch import run_deepspeed, tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.precision import (

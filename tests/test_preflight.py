@@ -17,11 +17,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers.launch import REPO, free_port, launch_env
 from helpers.sshd import sshd_fixture
+from support.launch import REPO, free_port, launch_env
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.launch.checks import Check, HostReport, PreflightResult, format_report
+from gpt_ds.launch.checks import Check, HostChecks, PreflightResult, format_result
 from gpt_ds.launch.hostfile import parse_hostfile_text, read_hostfile, resource_pool
 from gpt_ds.launch.preflight import PreflightOptions, run_preflight
 from gpt_ds.launch.probe import (
@@ -197,13 +197,13 @@ def test_local_preflight_fails_devices_when_deepspeed_would_not_use_the_gpus(tmp
         pytest.skip("torch sees a GPU here")
     assert plain.ok  # CPU ranks on a machine without GPUs: fine
     result = run_preflight(opts, env=dict(env, DS_ACCELERATOR="cuda"))
-    cell = result.reports[0].checks["devices"]
+    cell = result.hosts[0].checks["devices"]
     assert not result.ok and cell.ok is False and cell.text == "GPU unseen"
     assert "DeepSpeed's accelerator is 'cuda' (DS_ACCELERATOR=cuda) but torch sees no GPU" in (
         cell.fix
     )
-    assert "fix: " in format_report(result) and "devices: DeepSpeed's accelerator" in (
-        format_report(result)
+    assert "fix: " in format_result(result) and "devices: DeepSpeed's accelerator" in (
+        format_result(result)
     )
 
 
@@ -219,16 +219,16 @@ def test_master_port_in_use_is_reported():
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
-def test_report_table_and_fix_lines():
+def test_result_table_and_fix_lines():
     good = {n: Check(True, "fine") for n in ("ssh", "project", "python")}
     bad = dict(good, python=Check(False, "3.10.1 != 3.11.7", "install python 3.11.7"))
     result = PreflightResult(
         local={"python": "3.11.7", "executable": "/v/bin/python", "torch": "2", "deepspeed": "0"},
-        reports=[HostReport("n1", 8, good), HostReport("n2", 8, bad)],
+        hosts=[HostChecks("n1", 8, good), HostChecks("n2", 8, bad)],
         problems=["bad .deepspeed_env"],
         master="n1:29500",
     )
-    text = format_report(result)
+    text = format_result(result)
     assert "fix: bad .deepspeed_env" in text
     assert "fix: n2 python: install python 3.11.7" in text
     assert "1 of 2 hosts failed" in text

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 import torch
-from helpers.launch import REPO, run_deepspeed, run_python
+from support.launch import REPO, run_deepspeed, run_python
 
 from gpt_ds.observe.metrics import read_metrics
 

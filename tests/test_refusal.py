@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.launch import (
+from support.launch import (
     REPO,
     TRAIN,
     VENV_BIN,

@@ -8,12 +8,12 @@ import json
 import math
 
 import pytest
-from helpers.launch import TRAIN, run_python, tiny_run_args
+from support.launch import TRAIN, run_python, tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
+from gpt_ds.dsconfig.run_length import with_budget
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.run.config import length_problems, parse_args
-from gpt_ds.run.length import with_budget
 
 
 def cfg(*flags: str):

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from helpers.launch import tiny_run_args
+from support.launch import tiny_run_args
 
 from gpt_ds.checkpoint import complete_tags
 from gpt_ds.observe.metrics import read_metrics

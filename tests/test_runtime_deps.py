@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.launch import REPO, TRAIN, launch_env, run_checked, tiny_run_args
+from support.launch import REPO, TRAIN, launch_env, run_checked, tiny_run_args
 
 pytestmark = pytest.mark.slow
 

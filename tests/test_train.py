@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers.launch import REPO, run_deepspeed, run_python, tiny_run_args
-from helpers.runs import consolidated_model, train_losses
+from support.launch import REPO, run_deepspeed, run_python, tiny_run_args
+from support.runs import consolidated_model, train_losses
 
 from gpt_ds.observe.metrics import read_metrics
 

@@ -22,7 +22,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.launch import (
+from helpers.sshd import sshd_fixture
+from support.launch import (
     REPO,
     VENV_BIN,
     free_port,
@@ -30,8 +31,7 @@ from helpers.launch import (
     remove_shm_buffers,
     run_deepspeed,
 )
-from helpers.runs import train_losses, val_losses
-from helpers.sshd import sshd_fixture
+from support.runs import train_losses, val_losses
 
 pytestmark = pytest.mark.slow
 ssh_loopback = sshd_fixture()

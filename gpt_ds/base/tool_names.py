@@ -19,6 +19,10 @@ def in_checkout() -> bool:
     return (CHECKOUT / "pyproject.toml").is_file() and (CHECKOUT / "tools").is_dir()
 
 
+# tools/ scripts not named like their gpt_ds/commands/ module: {command module: script}
+SCRIPT_NAMES = {"export": "zero_to_fp32"}
+
+
 @functools.cache
 def _console_scripts() -> dict[str, str]:
     """{command module name: console script}, e.g. prepare_data -> gpt-ds-prepare."""
@@ -31,9 +35,10 @@ def _console_scripts() -> dict[str, str]:
 
 
 def tool(name: str) -> str:
-    """The command for tools/`name`.py (a module of gpt_ds/commands/)."""
+    """The command for gpt_ds/commands/`name`.py: its tools/ script in a checkout (named
+    `name`.py unless SCRIPT_NAMES says otherwise), else its console script."""
     if in_checkout() or name not in _console_scripts():
-        return f"python tools/{name}.py"
+        return f"python tools/{SCRIPT_NAMES.get(name, name)}.py"
     return _console_scripts()[name]
 
 

@@ -1,7 +1,8 @@
 """Checkpoints of a training run: the manifest format, which tags exist, save/load, universal.
 
 - manifest.py: `Manifest`, the only reader and writer of `TAG/gpt_ds.json`;
-- tags.py: `complete_tags`, `resolve` (the tag a request means, checked), `latest`;
+- tags.py: `complete_tags`, `resolve` (the tag a request means, checked), `latest`, and
+  `check_writable` (the out dir, before the first save);
 - integrity.py: per-file SHA-256 checksums, written at save and verified before loading;
 - checkpointer.py: `Checkpointer`, the save protocol and exact resume;
 - universal.py: conversion to DeepSpeed's universal format, for another world size.
@@ -18,6 +19,7 @@ from gpt_ds.checkpoint.manifest import MANIFEST, Manifest
 from gpt_ds.checkpoint.tags import (
     LATEST,
     CheckpointRef,
+    check_writable,
     complete_tags,
     is_checkpoint_dir,
     latest_tag,
@@ -35,6 +37,7 @@ __all__ = [
     "Resumed",
     "check_model",
     "check_same_data",
+    "check_writable",
     "complete_tags",
     "convert_on_rank0",
     "convert_to_universal",

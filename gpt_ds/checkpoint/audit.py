@@ -18,7 +18,9 @@ from gpt_ds.checkpoint.tags import LATEST, complete_tags, file_problems, latest_
 
 
 @dataclass
-class TagReport:
+class TagAudit:
+    """What checking one tag found: its size, the time the check took, its damaged files."""
+
     tag: str
     iteration: int
     files: int
@@ -32,7 +34,7 @@ class TagReport:
         return not self.problems
 
 
-def audit_tag(tag_dir: Path, manifest: Manifest) -> TagReport:
+def audit_tag(tag_dir: Path, manifest: Manifest) -> TagAudit:
     started = time.perf_counter()
     problems = file_problems(tag_dir, manifest)
     if not problems:
@@ -42,7 +44,7 @@ def audit_tag(tag_dir: Path, manifest: Manifest) -> TagReport:
         note = f"universal (converted from {manifest.source_tag}): sizes of its source not checked"
     elif manifest.checksum_algorithm != ALGORITHM:
         note = "sizes only (saved before gpt_ds recorded checksums)"
-    return TagReport(
+    return TagAudit(
         tag=tag_dir.name,
         iteration=manifest.iteration,
         files=len(manifest.files),
@@ -53,9 +55,10 @@ def audit_tag(tag_dir: Path, manifest: Manifest) -> TagReport:
     )
 
 
-def audit_run(path: Path, tag: str | None = None) -> tuple[Path, list[TagReport]]:
-    """(the run directory, reports): for `tag`, for `path` when it is a tag directory, else
-    for every complete tag, oldest first. A CheckpointError when there is nothing to check."""
+def audit_run(path: Path, tag: str | None = None) -> tuple[Path, list[TagAudit]]:
+    """(the run directory, one TagAudit per tag): for `tag`, for `path` when it is a tag
+    directory, else for every complete tag, oldest first. A CheckpointError when there is
+    nothing to check."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {path} does not exist")
@@ -64,27 +67,27 @@ def audit_run(path: Path, tag: str | None = None) -> tuple[Path, list[TagReport]
     tags = [tag] if tag is not None else complete_tags(path)
     if not tags:
         raise CheckpointError(f"{path}: no complete checkpoint (looked for */{MANIFEST})")
-    reports = []
+    audits = []
     for t in tags:
         manifest = Manifest.read(path / t)
         if manifest is None:
             have = ", ".join(complete_tags(path)) or "none"
             raise CheckpointError(f"--tag {t}: no complete checkpoint in {path} (complete: {have})")
-        reports.append(audit_tag(path / t, manifest))
-    return path, reports
+        audits.append(audit_tag(path / t, manifest))
+    return path, audits
 
 
-def report_lines(out_dir: Path, reports: list[TagReport]) -> list[str]:
+def audit_lines(out_dir: Path, audits: list[TagAudit]) -> list[str]:
     """A markdown-style table, the damaged files, and what else the directory holds."""
     latest = latest_tag(out_dir)
     lines = ["| tag | iteration | files | MiB | status |", "|---|---:|---:|---:|---|"]
-    for r in reports:
-        status = "ok" if r.ok else "DAMAGED"
-        status += f" ({r.note})" if r.note else ""
-        mark = " (latest)" if r.tag == latest else ""
-        mib = r.bytes / 2**20
-        lines.append(f"| {r.tag}{mark} | {r.iteration} | {r.files} | {mib:.1f} | {status} |")
-    for r in reports:
-        lines += [f"{out_dir / r.tag}: {p}" for p in r.problems]
+    for a in audits:
+        status = "ok" if a.ok else "DAMAGED"
+        status += f" ({a.note})" if a.note else ""
+        mark = " (latest)" if a.tag == latest else ""
+        mib = a.bytes / 2**20
+        lines.append(f"| {a.tag}{mark} | {a.iteration} | {a.files} | {mib:.1f} | {status} |")
+    for a in audits:
+        lines += [f"{out_dir / a.tag}: {p}" for p in a.problems]
     lines += [f"{d}: incomplete (its save did not finish), ignored" for d in partial_dirs(out_dir)]
     return lines

@@ -1,7 +1,7 @@
 """What a resume changes about the batch, said before training, refused unless allowed.
 
-A resume is exact only with the batch it was saved with: each rank draws its own sample stream
-(data.TrainSampler), so another world size drops or adds streams, and another micro-batch or
+A resume is exact only with the batch it was saved with: each rank draws its own stream of windows
+(data.TrainWindows), so another world size drops or adds streams, and another micro-batch or
 accumulation changes the sequences and tokens per step. A new split of the same per-rank batch
 (micro-batch 4 x accumulation 2 -> 8 x 1) keeps every step's sequences (the stream is counted in
 sequences, not micro-batches) but sums the gradient in another order: equal to float rounding,
@@ -64,7 +64,7 @@ def _ranks(first: int, last: int) -> str:
 
 
 def data_position(saved: Batch, now: Batch, iteration: int) -> str:
-    """Where each rank's sample stream goes on, in words."""
+    """Where each rank's stream of training windows goes on, in words."""
     kept = min(saved.world_size, now.world_size)
     verb = "continues its sample stream" if kept == 1 else "continue their sample streams"
     line = f"data: {_ranks(0, kept - 1)} {verb} after {_drawn(saved, iteration)}"
@@ -98,17 +98,17 @@ def _drawn(saved: Batch, iteration: int) -> str:
     return f"{iteration * per_rank} sequences"
 
 
-def with_saved_micro_batch(sampler_state: dict, manifest: Manifest) -> dict:
-    """`sampler_state` with the checkpoint's micro-batch added where it lacks one: a state of
-    gpt_ds before the per-sequence stream counts micro-batches, which data.TrainSampler turns
-    into sequences with it."""
+def with_saved_micro_batch(train_windows_state: dict, manifest: Manifest) -> dict:
+    """`train_windows_state` with the checkpoint's micro-batch added where it lacks one: a
+    state of gpt_ds before the per-sequence stream counts micro-batches, which data.TrainWindows
+    turns into sequences with it."""
     micro = Batch.of(manifest).micro_batch_size
     if micro is None:
-        return sampler_state
-    return {"micro_batch_size": micro, **sampler_state}
+        return train_windows_state
+    return {"micro_batch_size": micro, **train_windows_state}
 
 
-def batch_report(manifest: Manifest, now: Batch) -> list[str]:
+def batch_change_lines(manifest: Manifest, now: Batch) -> list[str]:
     """Lines describing how resuming `manifest` with `now` changes the batch ([] if it does
     not)."""
     saved = Batch.of(manifest)
@@ -128,8 +128,8 @@ def batch_report(manifest: Manifest, now: Batch) -> list[str]:
 
 
 def check_batch(manifest: Manifest, now: Batch, allowed: bool) -> list[str]:
-    """The report lines when the change is allowed; a CheckpointError when it is not."""
-    lines = batch_report(manifest, now)
+    """`batch_change_lines` when the change is allowed; a CheckpointError when it is not."""
+    lines = batch_change_lines(manifest, now)
     if not lines:
         return []
     if allowed:

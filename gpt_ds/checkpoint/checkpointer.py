@@ -2,7 +2,7 @@
 
 Protocol (every rank calls `save`; ZeRO needs all of them):
 1. every rank writes `OUT/<tag>.partial/` through `engine.save_checkpoint(save_latest=False)`,
-   plus its own `gpt_ds_rank{R}.pt` (RNG states and data-sampler position: DeepSpeed saves no
+   plus its own `gpt_ds_rank{R}.pt` (RNG states and training-window position: DeepSpeed saves no
    RNG state, and under ZeRO-1/2 only rank 0's client_state is kept);
 2. every rank hashes the files it wrote (integrity.py) and the digests are gathered; rank 0
    checks that every rank's files exist and are non-empty, writes the manifest `gpt_ds.json`
@@ -49,6 +49,10 @@ from gpt_ds.checkpoint.tags import (
     latest_tag,
     write_latest,
 )
+
+# the rank file's key for the training windows' state: the file key keeps its old name
+# ("sampler"), so checkpoints saved before the rename still load
+WINDOWS_KEY = "sampler"
 
 
 def rank_state_name(rank: int) -> str:
@@ -154,8 +158,8 @@ def check_model(ref: CheckpointRef, model_shape: dict) -> None:
 def check_same_data(ref: CheckpointRef, identity: dict[str, Any]) -> None:
     """A CheckpointError when `--resume` names a checkpoint trained on other data (`identity`:
     mixture.DataMix.identity, split sizes and input checksums, so moving a folder changes
-    nothing; a mixture's names and weights too): resuming continues the same run (its sampler
-    positions index that data); new data is a new run."""
+    nothing; a mixture's names and weights too): resuming continues the same run (its
+    training-window positions index that data); new data is a new run."""
     saved = ref.manifest.data
     if saved is None or saved == identity:  # saved before checkpoints recorded their data
         return
@@ -187,7 +191,7 @@ class Resumed:
     iteration: int
     best_val_loss: float | None
     best_tag: str | None
-    sampler_state: dict
+    train_windows_state: dict
     manifest: Manifest
 
 
@@ -199,7 +203,7 @@ class Checkpointer:
         self.keep_last = keep_last
 
     # ----------------------------------------------------------------- save
-    def save(self, engine, sampler, manifest: Manifest) -> Path:
+    def save(self, engine, train_windows, manifest: Manifest) -> Path:
         """Write `manifest.tag` on every rank; returns its directory once it is complete.
 
         `manifest` says what to record; its `files` are filled in here, once verified.
@@ -210,7 +214,7 @@ class Checkpointer:
             if rank == 0 and staging.exists():
                 shutil.rmtree(staging)  # leftover of a save that was killed
             dist.barrier()
-            self._write_rank_files(engine, sampler, manifest, staging)
+            self._write_rank_files(engine, train_windows, manifest, staging)
             digests = self._own_digests(staging, engine.zero_optimization_stage())
             merged = {k: v for part in dist.gather_objects(digests) for k, v in part.items()}
             if rank == 0:
@@ -220,7 +224,7 @@ class Checkpointer:
             raise self._save_failed(tag, staging, rank, exc) from exc
         return self.out_dir / tag
 
-    def _write_rank_files(self, engine, sampler, manifest: Manifest, staging: Path) -> None:
+    def _write_rank_files(self, engine, train_windows, manifest: Manifest, staging: Path) -> None:
         # made here, not by DeepSpeed: its makedirs logs a failure and carries on, and the
         # error a user then sees is torch's "Parent directory ... does not exist"
         staging.mkdir(parents=True, exist_ok=True)
@@ -239,7 +243,7 @@ class Checkpointer:
         )
         rank_file = staging / rank_state_name(dist.rank())
         tmp = rank_file.with_suffix(".tmp")
-        torch.save({"rng": capture_rng(), "sampler": sampler.state_dict()}, tmp)
+        torch.save({"rng": capture_rng(), WINDOWS_KEY: train_windows.state_dict()}, tmp)
         os.replace(tmp, rank_file)
 
     def _own_digests(self, staging: Path, zero_stage: int) -> dict[str, str]:
@@ -307,7 +311,8 @@ class Checkpointer:
 
     # ----------------------------------------------------------------- load
     def load(self, engine, ref: CheckpointRef) -> Resumed:
-        """Restore engine (weights, optimizer, LR schedule, loss scaler), RNG and sampler state."""
+        """Restore engine (weights, optimizer, LR schedule, loss scaler), RNG and training-window
+        state."""
         manifest, world = ref.manifest, dist.world_size()
         if not manifest.universal and manifest.world_size != world:
             raise CheckpointError(
@@ -333,20 +338,20 @@ class Checkpointer:
             iteration=manifest.iteration,
             best_val_loss=manifest.best_val_loss,
             best_tag=manifest.best_tag,
-            sampler_state=with_saved_micro_batch(self._load_rank_state(ref), manifest),
+            train_windows_state=with_saved_micro_batch(self._load_rank_state(ref), manifest),
             manifest=manifest,
         )
 
     def _load_rank_state(self, ref: CheckpointRef) -> dict:
-        """Restore this rank's RNG streams; returns its sampler state."""
+        """Restore this rank's RNG streams; returns its training-window state."""
         rank_file = ref.tag_dir / rank_state_name(dist.rank())
         if rank_file.exists():
             state = torch.load(rank_file, weights_only=False)
             restore_rng(state["rng"])
-            return state["sampler"]
+            return state[WINDOWS_KEY]
         # a universal checkpoint on another world size: the ranks' streams start afresh
         state = torch.load(ref.tag_dir / rank_state_name(0), weights_only=False)
-        state["sampler"]["rank"] = dist.rank()
+        state[WINDOWS_KEY]["rank"] = dist.rank()
         seed = int(ref.manifest.config["seed"]) + 1000 * dist.rank() + ref.manifest.iteration
         reseed(seed)
-        return state["sampler"]
+        return state[WINDOWS_KEY]

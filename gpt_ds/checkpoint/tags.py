@@ -8,12 +8,13 @@ checked against the manifest's file list (present, at its recorded size) before 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt_ds.base.errors import CheckpointError
+from gpt_ds.base.errors import CheckpointError, GptDsError
 from gpt_ds.checkpoint.integrity import checksum_problems
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest, atomic_write_text
 
@@ -74,6 +75,17 @@ def latest_tag(out_dir: Path) -> str | None:
 
 def write_latest(out_dir: Path, tag: str) -> None:
     atomic_write_text(Path(out_dir) / LATEST, tag)
+
+
+def check_writable(out_dir: Path) -> None:
+    """Fail before training, not at the first checkpoint, when out_dir cannot be written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write_probe_{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise GptDsError(f"--out_dir {out_dir}: not writable ({exc.strerror or exc})") from exc
 
 
 def is_checkpoint_dir(path: Path) -> bool:

@@ -56,7 +56,7 @@ def _ds_to_universal(ref: CheckpointRef, staging) -> None:
 
 def convert_to_universal(ref: CheckpointRef) -> CheckpointRef:
     """The universal form of `ref` (itself if it is one), converted unless an up-to-date one
-    exists. Carries rank 0's sampler position. Runs in one process."""
+    exists. Carries rank 0's training-window position. Runs in one process."""
     if ref.manifest.universal:
         return ref
     dst_tag = universal_tag(ref.tag)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from gpt_ds.base.cli import parse, run_tool
-from gpt_ds.launch.checks import format_report
+from gpt_ds.launch.checks import format_result
 from gpt_ds.launch.preflight import PreflightOptions, run_preflight
 
 
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def job() -> int:
         result = run_preflight(opts)
-        print(format_report(result), flush=True)
+        print(format_result(result), flush=True)
         return 0 if result.ok else 1
 
     return run_tool(job)

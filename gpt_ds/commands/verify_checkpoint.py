@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt_ds.base.cli import option, parse, run_tool
-from gpt_ds.checkpoint.audit import audit_run, report_lines
+from gpt_ds.checkpoint.audit import audit_lines, audit_run
 
 
 @dataclass
@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     opts = parse(VerifyOptions, argv, description=__doc__)
 
     def verify() -> int:
-        out_dir, reports = audit_run(opts.out_dir, opts.tag)
-        print("\n".join(report_lines(out_dir, reports)))
-        damaged = [r.tag for r in reports if not r.ok]
+        out_dir, audits = audit_run(opts.out_dir, opts.tag)
+        print("\n".join(audit_lines(out_dir, audits)))
+        damaged = [a.tag for a in audits if not a.ok]
         if damaged:
             print(f"damaged: {', '.join(damaged)}; do not resume or export these tags")
         return 1 if damaged else 0

@@ -1,3 +1,3 @@
-"""Token files: the tokenizer, memmaps and samplers, data specs and mixtures, nanoGPT folders;
-prepare/ writes them.
+"""Token files: the tokenizer, memmaps and training windows, data specs and mixtures, nanoGPT
+folders; prepare/ writes them.
 """

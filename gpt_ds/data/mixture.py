@@ -4,10 +4,10 @@
     --data_dir web --data_dir books              # in proportion to their train tokens
 
 `DataMix` holds the sources (each a checked `TokenData`; data_spec.py parses the flag), their
-names (the folder names) and normalised weights. `MixtureSampler` extends the per-sequence
-stream of data.TrainSampler: sequence i of a rank's stream takes its source from a second word
+names (the folder names) and normalised weights. `MixtureWindows` extends the per-sequence
+stream of data.TrainWindows: sequence i of a rank's stream takes its source from a second word
 of the same Philox block that places its window, so the draw is reproducible, independent of
-the micro-batch split, and the sampler's state is still one integer. Evaluation scores every
+the micro-batch split, and the stream's state is still one integer. Evaluation scores every
 source's val split; the run's val loss is their weighted mean (trainer.py).
 """
 
@@ -22,7 +22,7 @@ import torch
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.data.spec import data_specs
-from gpt_ds.data.tokens import TokenData, TrainSampler, load_token_data, xy_batch
+from gpt_ds.data.tokens import TokenData, TrainWindows, load_token_data, xy_batch
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,14 @@ def load_mix(data_dir: list[str] | str | None, vocab_size: int, block_size: int)
     )
 
 
-class MixtureSampler(TrainSampler):
-    """Training windows drawn from several sources in proportion to their weights."""
+class MixtureWindows(TrainWindows):
+    """The training windows a rank draws, from several sources in proportion to their
+    weights."""
 
     def __init__(self, mix: DataMix, block_size: int, batch_size: int, seed: int, rank: int):
         super().__init__(mix.sources[0].train, block_size, batch_size, seed, rank)
-        self.samplers = [
-            TrainSampler(s.train, block_size, batch_size, seed, rank) for s in mix.sources
+        self.per_source = [
+            TrainWindows(s.train, block_size, batch_size, seed, rank) for s in mix.sources
         ]
         self.bounds = np.cumsum(mix.weights)[:-1]  # source k: unit in [bounds[k-1], bounds[k])
 
@@ -105,9 +106,9 @@ class MixtureSampler(TrainSampler):
         first, count = self.sequences, self.batch_size
         picks = self.sources(first, count)
         unit = self.units(first, count)  # each source scales the same draw to its own length
-        starts = [s.offsets(unit) for s in self.samplers]
+        starts = [s.offsets(unit) for s in self.per_source]
         windows = [
-            self.samplers[k].tokens[starts[k][j] : starts[k][j] + self.block_size + 1]
+            self.per_source[k].tokens[starts[k][j] : starts[k][j] + self.block_size + 1]
             for j, k in enumerate(picks)
         ]
         self.sequences += count
@@ -115,5 +116,5 @@ class MixtureSampler(TrainSampler):
 
     def load_state_dict(self, state: dict) -> None:
         if "sequences" not in state:
-            raise DataError("sampler state of a single-source run cannot resume a mixture")
+            raise DataError("training-window state of a single-source run cannot resume a mixture")
         super().load_state_dict(state)

@@ -1,10 +1,10 @@
-"""Token data for training and evaluation: checked memmaps, a per-rank sampler, eval windows.
+"""Token data for training and evaluation: checked memmaps, training windows, eval windows.
 
 `train.bin`/`val.bin` are flat uint16 GPT-2 token ids (nanoGPT's format) described by
 `meta.json` (written by tools/prepare_data.py), or a folder nanoGPT's own prepare.py wrote.
-Training windows come from a counter-based sampler: sequence i of a rank's stream is a pure
-function of (seed, rank, i), so the sampler's whole state is one integer (sequences drawn), a
-resumed run sees exactly the data an uninterrupted one would, and the micro-batch /
+The training windows a rank draws come from a counter-based stream: sequence i of a rank's
+stream is a pure function of (seed, rank, i), so its whole state is one integer (sequences
+drawn), a resumed run sees exactly the data an uninterrupted one would, and the micro-batch /
 accumulation split of a step does not matter.
 """
 
@@ -111,15 +111,15 @@ def _check_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
             )
 
 
-class TrainSampler:
-    """Random training windows for one rank: the rank's sample stream is a pure function of
+class TrainWindows:
+    """The training windows a rank draws: the rank's stream of windows is a pure function of
     (seed, rank, sequence index).
 
     Sequence i starts at an offset drawn from Philox, a counter-based generator, keyed by
     (seed, rank) at counter i: any stretch of the stream is computed directly, without drawing
     what comes before it. So how a rank's batch is split into micro-batches (`--micro_batch_size
     2 --grad_accum 4` or `8 --grad_accum 1`) does not change which sequences it sees, and the
-    sampler's whole state is one integer, the sequences drawn so far.
+    stream's whole state is one integer, the sequences drawn so far.
 
     `next_batch()` returns (x, y) of shape (B, T): y is x shifted by one token.
     """
@@ -167,7 +167,7 @@ class TrainSampler:
         other windows than the old code would have drawn next (not a bit-identical
         continuation of a pre-change run)."""
         if state["seed"] != self.seed:
-            raise DataError(f"sampler state has seed {state['seed']}, this run {self.seed}")
+            raise DataError(f"training-window state has seed {state['seed']}, this run {self.seed}")
         if "sequences" in state:
             self.sequences = int(state["sequences"])
         else:

@@ -49,16 +49,16 @@ _DEEPSPEED_SECTIONS = {
 }
 
 
-def with_schedule(config: dict, schedule: str | None) -> dict:
-    """`config` with its scheduler section for `schedule` (None: the config's own; wsd: none,
-    the trainer passes its LambdaLR)."""
+def with_schedule(ds_config: dict, schedule: str | None) -> dict:
+    """`ds_config` with its scheduler section for `schedule` (None: the config's own; wsd:
+    none, the trainer passes its LambdaLR)."""
     if schedule is None:
-        return config
-    config = copy.deepcopy(config)
-    config.pop("scheduler", None)
+        return ds_config
+    ds_config = copy.deepcopy(ds_config)
+    ds_config.pop("scheduler", None)
     if schedule in _DEEPSPEED_SECTIONS:
-        config["scheduler"] = copy.deepcopy(_DEEPSPEED_SECTIONS[schedule])
-    return config
+        ds_config["scheduler"] = copy.deepcopy(_DEEPSPEED_SECTIONS[schedule])
+    return ds_config
 
 
 def wsd_factor(warmup: int, total: int, decay: int, min_ratio: float) -> Callable[[int], float]:

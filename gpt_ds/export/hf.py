@@ -24,9 +24,7 @@ import contextlib
 import json
 import os
 import re
-import resource
 import shutil
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +46,7 @@ from gpt_ds.export.stream import (
     write_safetensors_shards,
 )
 from gpt_ds.model.gpt2 import gpt2_config, unpadded
+from gpt_ds.observe.rss import peak_rss_gib
 
 FORMATS = ("hf", "safetensors", "pt")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -80,9 +79,9 @@ def describe_model(ref: CheckpointRef, dtype: torch.dtype = torch.float32):
     from transformers import GPT2LMHeadModel
 
     shape = unpadded(ref.manifest.shape)  # GPT-2's own shape: vocabulary padding stripped
-    config = gpt2_config(shape, float(ref.manifest.config.get("dropout") or 0.0))
+    model_config = gpt2_config(shape, float(ref.manifest.config.get("dropout") or 0.0))
     with torch.device("meta"):
-        model = GPT2LMHeadModel(config)
+        model = GPT2LMHeadModel(model_config)
     model.config.dtype = dtype
     return model
 
@@ -303,12 +302,6 @@ class ExportResult:
     seconds: float
     peak_rss_gib: float
     peak_anon_gib: float | None
-
-
-def peak_rss_gib() -> float:
-    """This process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kib / (1 << 30) * (1 if sys.platform == "darwin" else 1024)
 
 
 class AnonPeak:

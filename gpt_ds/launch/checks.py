@@ -1,7 +1,7 @@
 """Preflight's verdicts: one node's probe result against this node's, cell by cell, and the table.
 
 Each `*_check` function turns part of a probe result (see `gpt_ds.launch.probe`) into a
-`Check`: passed, failed with a `fix`, or not run. `format_report` prints a `PreflightResult` as
+`Check`: passed, failed with a `fix`, or not run. `format_result` prints a `PreflightResult` as
 a table of hosts x `CHECKS` and one `fix:` line per failure.
 """
 
@@ -26,7 +26,9 @@ class Check:
 
 
 @dataclass
-class HostReport:
+class HostChecks:
+    """One host's row of the table: its slots and a `Check` per column of `CHECKS`."""
+
     host: str
     slots: int
     checks: dict[str, Check] = field(default_factory=dict)
@@ -39,13 +41,13 @@ class HostReport:
 @dataclass
 class PreflightResult:
     local: dict
-    reports: list[HostReport]
+    hosts: list[HostChecks]
     problems: list[str]  # not tied to one host (e.g. a bad .deepspeed_env)
     master: str
 
     @property
     def ok(self) -> bool:
-        return not self.problems and all(r.ok for r in self.reports)
+        return not self.problems and all(h.ok for h in self.hosts)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,7 +223,7 @@ def _marks() -> tuple[str, str, str]:
         return "ok", "X", "-"
 
 
-def format_report(result: PreflightResult) -> str:
+def format_result(result: PreflightResult) -> str:
     """The local versions, the hosts x checks table, then one `fix:` line per failure."""
     yes, no, skip = _marks()
     loc = result.local
@@ -232,10 +234,10 @@ def format_report(result: PreflightResult) -> str:
     ]
     header = ["host", "slots", *CHECKS]
     rows = []
-    for r in result.reports:
-        cells = [r.host, str(r.slots)]
+    for h in result.hosts:
+        cells = [h.host, str(h.slots)]
         for name in CHECKS:
-            c = r.checks.get(name, Check(None))
+            c = h.checks.get(name, Check(None))
             mark = skip if c.ok is None else (yes if c.ok else no)
             cells.append(f"{mark} {c.text}".strip())
         rows.append(cells)
@@ -243,14 +245,14 @@ def format_report(result: PreflightResult) -> str:
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     fixes = [f"fix: {p}" for p in result.problems]
-    for r in result.reports:
-        fixes += [f"fix: {r.host} {n}: {c.fix}" for n, c in r.checks.items() if c.ok is False]
+    for h in result.hosts:
+        fixes += [f"fix: {h.host} {n}: {c.fix}" for n, c in h.checks.items() if c.ok is False]
     lines.append("")
     if fixes:
         lines += fixes
-        failed = sum(not r.ok for r in result.reports)
-        lines.append(f"preflight: {failed} of {len(result.reports)} hosts failed")
+        failed = sum(not h.ok for h in result.hosts)
+        lines.append(f"preflight: {failed} of {len(result.hosts)} hosts failed")
     else:
-        n = len(result.reports)
+        n = len(result.hosts)
         lines.append(f"preflight: {'all ' + str(n) + ' hosts' if n > 1 else 'this host is'} ready")
     return "\n".join(lines)

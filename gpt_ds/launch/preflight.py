@@ -36,7 +36,7 @@ from gpt_ds.base.errors import ConfigError, GptDsError
 from gpt_ds.launch.checks import (
     CHECKS,
     Check,
-    HostReport,
+    HostChecks,
     PreflightResult,
     code_check,
     devices_check,
@@ -106,13 +106,13 @@ class PreflightOptions:
 
 def judge_host(
     entry: HostEntry, run: ProbeRun, local: dict, opts: PreflightOptions, listener: MasterListener
-) -> HostReport:
+) -> HostChecks:
     """Turn one host's probe run into its row of checks."""
-    report = HostReport(entry.host, entry.slots, {name: Check(None) for name in CHECKS})
-    host, checks = entry.host, report.checks
+    row = HostChecks(entry.host, entry.slots, {name: Check(None) for name in CHECKS})
+    host, checks = entry.host, row.checks
     if run.returncode == -1 or run.returncode == 255:
         checks["ssh"] = ssh_failure(host, run.returncode, run.stderr)
-        return report
+        return row
     checks["ssh"] = Check(True, "ok")
     remote = parse_probe_output(run.stdout)
     if remote is None:
@@ -124,7 +124,7 @@ def judge_host(
             f"{opts.python} {'does not exist' if missing else 'fails'} on {host} ({tail}): "
             "install the same environment at the same path on every node",
         )
-        return report
+        return row
     checks["project"] = code_check(remote, local, opts.project_dir, host)
     for name in ("python", "torch", "deepspeed"):
         checks[name] = version_check(name, remote, local, host, opts.python)
@@ -133,7 +133,7 @@ def judge_host(
     checks["master"] = master_check(remote, listener, host)
     ckpt = _abs_checkpoint_dir(opts)
     checks["disk"] = disk_check(remote, opts.min_free_gb, ckpt, host)
-    return report
+    return row
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,9 +217,9 @@ def run_preflight(opts: PreflightOptions, env: dict[str, str] | None = None) -> 
             runs = [here]
             if opts.slots is None:
                 entries = [HostEntry(entries[0].host, local.get("device_count") or 0, 0)]
-        reports = [
+        hosts = [
             judge_host(e, run, local, opts, listener) for e, run in zip(entries, runs, strict=True)
         ]
     if opts.local:
-        reports[0].checks["ssh"] = Check(None, "local")
-    return PreflightResult(local, reports, problems, listener.description)
+        hosts[0].checks["ssh"] = Check(None, "local")
+    return PreflightResult(local, hosts, problems, listener.description)

@@ -3,7 +3,8 @@
 One module per job; dependencies flow down this list, and nothing here imports the trainer:
 
 * `constants`: GiB and bytes per element of each precision.
-* `settings`: `ZeroSettings`, the zero_optimization sizes that cost memory.
+* `settings`: `ZeroSettings`, the zero_optimization sizes that cost memory, and
+  `DeepSpeedRun`, the rest of a run that does (the estimate's input).
 * `layout`: GPT-2's parameter tensors and ZeRO's partition of them per rank.
 * `activations`: what autograd keeps for backward.
 * `estimate`: `estimate_run` -> `MemoryEstimate`, per GPU and per node's CPU (the accounting
@@ -62,7 +63,7 @@ from gpt_ds.memory.picker import (
     plan,
 )
 from gpt_ds.memory.plan_text import format_plan
-from gpt_ds.memory.settings import ZeroSettings, load_preset_settings
+from gpt_ds.memory.settings import DeepSpeedRun, ZeroSettings, load_preset_settings
 
 __all__ = [
     "ACT_BYTES_PER_SBH_16BIT",
@@ -86,6 +87,7 @@ __all__ = [
     "RULE",
     "TIE_FRACTION",
     "Candidate",
+    "DeepSpeedRun",
     "CandidateSpec",
     "GiB",
     "Hardware",

@@ -34,7 +34,7 @@ from gpt_ds.memory.layout import (
     zero3_layout,
     zero12_ranks,
 )
-from gpt_ds.memory.settings import ZeroSettings
+from gpt_ds.memory.settings import DeepSpeedRun, ZeroSettings
 from gpt_ds.model.gpt2 import ModelShape, shape_problems
 
 CPU_BYTES_PER_RANK = 2 * GiB  # one rank's Python + torch + CUDA libraries, resident
@@ -44,17 +44,9 @@ CPU_BYTES_PER_RANK = 2 * GiB  # one rank's Python + torch + CUDA libraries, resi
 class MemoryEstimate:
     """Predicted memory of one run: bytes per GPU (the worst rank) and per node's CPU."""
 
-    zero_stage: int
-    offload_optimizer: bool
-    offload_param: bool
-    world_size: int
-    gpus_per_node: int
-    micro_batch_size: int
-    precision: str
-    activation_checkpointing: bool
+    run: DeepSpeedRun
+    """The run estimated, its `rank` the one described (by default the one holding most)."""
     num_params: int
-    rank: int
-    """The rank described (ZeRO-2 ranks differ slightly; by default the one holding most)."""
     params: int
     """Working weights on the GPU: whole (stage 0-2) or this rank's partition, plus ZeRO-3's
     persistent small parameters and its gathered largest module."""
@@ -73,8 +65,11 @@ class MemoryEstimate:
     """Per node: everything above plus pinned staging buffers and the ranks' processes."""
     detail: dict[str, int] = field(default_factory=dict)
     """The finer split (bytes) behind each figure; keys named after what they hold."""
-    chunked_loss: bool = False
-    """The LM loss is computed in chunks (--loss chunked): no full logits (activations.py)."""
+
+    @property
+    def rank(self) -> int:
+        """The rank described."""
+        return self.run.rank if self.run.rank is not None else 0
 
     @property
     def model_state_bytes(self) -> int:
@@ -99,7 +94,7 @@ class MemoryEstimate:
         (ZeRO-3) the largest module twice: gathered, and its all-gather copy."""
         d = self.detail
         held = sum(d[k] for k in ("params_weights", "params_persistent", "master_weights"))
-        if self.zero_stage == 3:  # + the permanent gradient partition and reduction bucket
+        if self.run.zero_stage == 3:  # + the permanent gradient partition and reduction bucket
             held += d["grads_reduced_alive_at_step"] + d["reduce_buckets"]
             return held + 2 * d["params_gathered"]
         return held + 4 * self.num_params
@@ -120,18 +115,19 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         """One line: stage, offload, precision, GPUs and nodes, micro-batch, checkpointing."""
-        stage = "stage 0 (DDP)" if self.zero_stage == 0 else f"ZeRO-{self.zero_stage}"
+        r = self.run
+        stage = "stage 0 (DDP)" if r.zero_stage == 0 else f"ZeRO-{r.zero_stage}"
         off = []
-        if self.offload_optimizer:
+        if r.offload_optimizer:
             off.append("optimizer")
-        if self.offload_param:
+        if r.offload_param:
             off.append("params")
         offload = f" + {' & '.join(off)} offload" if off else ""
-        nodes = math.ceil(self.world_size / self.gpus_per_node)
-        ckpt = "on" if self.activation_checkpointing else "off"
+        nodes = math.ceil(r.world_size / r.gpus_per_node)
+        ckpt = "on" if r.activation_checkpointing else "off"
         return (
-            f"{stage}{offload}, {self.precision}, {self.world_size} GPUs ({nodes} node"
-            f"{'s' if nodes > 1 else ''}), micro-batch {self.micro_batch_size}, "
+            f"{stage}{offload}, {r.precision}, {r.world_size} GPUs ({nodes} node"
+            f"{'s' if nodes > 1 else ''}), micro-batch {r.micro_batch_size}, "
             f"activation checkpointing {ckpt}"
         )
 
@@ -141,13 +137,14 @@ class MemoryEstimate:
         def g(x: int) -> str:
             return f"{x / GiB:.2f} GiB"
 
+        loss = "chunked loss" if self.run.chunked_loss else "logits"
         return "\n".join(
             [
                 f"  {self.describe()}; per GPU:",
                 f"  params {g(self.params)} + grads {g(self.grads)} + optimizer states "
                 f"{g(self.optimizer_states)} = model states {g(self.model_state_bytes)}",
                 f"  + activations {g(self.activations)} "
-                f"({'chunked loss' if self.chunked_loss else 'logits'} {g(self.detail['logits'])}) "
+                f"({loss} {g(self.detail['logits'])}) "
                 f"+ buffers {g(self.buffers)} = {g(self.total)}",
                 f"  CPU per node: {g(self.cpu_bytes)} "
                 f"(model states {g(self.cpu_model_state_bytes)})",
@@ -155,122 +152,70 @@ class MemoryEstimate:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        """Flat, as `gpt-ds-pick-preset --json` has always printed it (the run's fields first)."""
+        run = {k: v for k, v in asdict(self.run).items() if k != "zero"}
+        out = {**run, **{k: v for k, v in asdict(self).items() if k != "run"}}
+        out["rank"] = self.rank
         out["model_state_bytes"] = self.model_state_bytes
         out["total"] = self.total
         return out
 
 
-def _check_run(
-    shape: ModelShape,
-    *,
-    zero_stage: int,
-    offload_optimizer: bool,
-    offload_param: bool,
-    world_size: int,
-    gpus_per_node: int,
-    micro_batch_size: int,
-    precision: str,
-    rank: int | None,
-) -> None:
+def _check_run(shape: ModelShape, run: DeepSpeedRun) -> None:
     """Every reason the run cannot be estimated, raised at once as a ConfigError."""
     problems = shape_problems(shape)
-    if zero_stage not in (0, 1, 2, 3):
-        problems.append(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
-    if offload_param and zero_stage != 3:
+    if run.zero_stage not in (0, 1, 2, 3):
+        problems.append(f"zero_stage must be 0, 1, 2 or 3, got {run.zero_stage}")
+    if run.offload_param and run.zero_stage != 3:
         problems.append("offload_param needs ZeRO stage 3")
-    if offload_optimizer and zero_stage == 0:
+    if run.offload_optimizer and run.zero_stage == 0:
         problems.append("offload_optimizer needs ZeRO stage 1, 2 or 3")
     counts = {
-        "world_size": world_size,
-        "gpus_per_node": gpus_per_node,
-        "micro_batch_size": micro_batch_size,
+        "world_size": run.world_size,
+        "gpus_per_node": run.gpus_per_node,
+        "micro_batch_size": run.micro_batch_size,
     }
     problems += [f"{name} must be >= 1, got {v}" for name, v in counts.items() if v < 1]
-    if precision not in PRECISION_BYTES:
-        problems.append(f"precision must be bf16, fp16 or fp32, got {precision!r}")
-    if rank is not None and not 0 <= rank < max(1, world_size):
-        problems.append(f"rank must be in [0, world_size), got {rank}")
+    if run.precision not in PRECISION_BYTES:
+        problems.append(f"precision must be bf16, fp16 or fp32, got {run.precision!r}")
+    if run.rank is not None and not 0 <= run.rank < max(1, run.world_size):
+        problems.append(f"rank must be in [0, world_size), got {run.rank}")
     if problems:
         raise ConfigError(problems, source="memory estimate")
 
 
-def _settings(
-    zero_config: dict[str, Any] | ZeroSettings | None,
-    reduce_bucket_size: int | None,
-    allgather_bucket_size: int | None,
-) -> ZeroSettings:
-    """The run's ZeroSettings: `zero_config` (a config section or settings), bucket overrides."""
-    if isinstance(zero_config, ZeroSettings):
-        settings = zero_config
-    else:
-        settings = ZeroSettings.from_ds_config(zero_config)
-    if reduce_bucket_size is not None:
-        settings = replace(settings, reduce_bucket_size=int(reduce_bucket_size))
-    if allgather_bucket_size is not None:
-        settings = replace(settings, allgather_bucket_size=int(allgather_bucket_size))
-    return settings
-
-
-def estimate_run(
-    shape: ModelShape,
-    *,
-    zero_stage: int,
-    offload_optimizer: bool,
-    offload_param: bool,
-    world_size: int,
-    gpus_per_node: int,
-    micro_batch_size: int,
-    precision: str,
-    activation_checkpointing: bool,
-    reduce_bucket_size: int | None = None,
-    allgather_bucket_size: int | None = None,
-    zero_config: dict[str, Any] | ZeroSettings | None = None,
-    rank: int | None = None,
-    chunked_loss: bool = False,
-) -> MemoryEstimate:
-    """Predicted per-GPU and per-node-CPU memory of one DeepSpeed run of a GPT-2.
-
-    `zero_config` is the DeepSpeed config's `zero_optimization` section (or ZeroSettings) for
-    the bucket, prefetch and persistence sizes; the two bucket arguments override it; absent,
-    DeepSpeed 0.19's defaults apply. `rank` picks a rank; by default the one holding the most.
-    `chunked_loss`: the LM loss is computed in chunks (--loss chunked), never the full logits.
-    Raises ConfigError for impossible combinations.
-    """
-    _check_run(
-        shape,
-        zero_stage=zero_stage,
-        offload_optimizer=offload_optimizer,
-        offload_param=offload_param,
-        world_size=world_size,
-        gpus_per_node=gpus_per_node,
-        micro_batch_size=micro_batch_size,
-        precision=precision,
-        rank=rank,
-    )
-    settings = _settings(zero_config, reduce_bucket_size, allgather_bucket_size)
+def estimate_run(shape: ModelShape, run: DeepSpeedRun) -> MemoryEstimate:
+    """Predicted per-GPU and per-node-CPU memory of one DeepSpeed run of a GPT-2 (`run.rank`,
+    by default the rank holding the most). Raises ConfigError for impossible combinations."""
+    _check_run(shape, run)
     gpu, cpu_rank, rank = _model_states(
-        shape, zero_stage, offload_optimizer, offload_param, world_size, precision, settings, rank
+        shape,
+        run.zero_stage,
+        run.offload_optimizer,
+        run.offload_param,
+        run.world_size,
+        run.precision,
+        run.zero,
+        run.rank,
     )
     act = activation_bytes(
-        shape, micro_batch_size, precision, activation_checkpointing, chunked_loss=chunked_loss
+        shape,
+        run.micro_batch_size,
+        run.precision,
+        run.activation_checkpointing,
+        chunked_loss=run.chunked_loss,
     )
-    buffers = _buffers(shape, zero_stage, world_size, precision, settings)
+    buffers = _buffers(shape, run.zero_stage, run.world_size, run.precision, run.zero)
     cpu = _cpu_per_node(
-        shape, cpu_rank, ranks_per_node=min(gpus_per_node, world_size), zero_init=zero_stage == 3
+        shape,
+        cpu_rank,
+        ranks_per_node=min(run.gpus_per_node, run.world_size),
+        zero_init=run.zero_stage == 3,
     )
     act_detail = {f"activations_{k}" if k != "logits" else k: v for k, v in act.items()}
     return MemoryEstimate(
-        zero_stage=zero_stage,
-        offload_optimizer=offload_optimizer,
-        offload_param=offload_param,
-        world_size=world_size,
-        gpus_per_node=gpus_per_node,
-        micro_batch_size=micro_batch_size,
-        precision=precision,
-        activation_checkpointing=activation_checkpointing,
+        run=replace(run, rank=rank),
         num_params=shape.num_params(),
-        rank=rank,
         params=gpu["params_weights"] + gpu["params_persistent"] + gpu["params_gathered"],
         grads=gpu["grads_reduced"] + gpu["grads_fp32_step"] + gpu["grads_gathered"],
         optimizer_states=gpu["master_weights"] + gpu["adam_moments"],
@@ -279,7 +224,6 @@ def estimate_run(
         cpu_model_state_bytes=cpu.model_states,
         cpu_bytes=cpu.total,
         detail={**gpu, **act_detail, **buffers, **cpu.detail},
-        chunked_loss=chunked_loss,
     )
 
 

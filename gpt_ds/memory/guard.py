@@ -40,7 +40,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 NO_CGROUP_LIMIT = 1 << 62  # cgroup v1 writes "no limit" as LONG_MAX rounded down to a page
 
 
-class HostMemory(NamedTuple):
+class NodeRam(NamedTuple):
     """The RAM a node's ranks share, and which limit it is (named in the guard's message)."""
 
     bytes: int
@@ -93,28 +93,26 @@ def cgroup_memory_limit(proc_cgroup: str, root: Path = CGROUP_ROOT) -> int | Non
     return min((v for v in limits if v is not None), default=None)
 
 
-def host_limit(physical: int, cgroup: int | None) -> HostMemory:
+def ram_limit(physical: int, cgroup: int | None) -> NodeRam:
     """The node's RAM for the run: the machine's, or its cgroup's limit where that is lower."""
     if cgroup is not None and cgroup < physical:
-        return HostMemory(
-            cgroup, f"the cgroup limit {cgroup / GiB:.2f} GiB (Slurm --mem / docker -m)"
-        )
-    return HostMemory(physical, f"this machine's {physical / GiB:.2f} GiB of RAM")
+        return NodeRam(cgroup, f"the cgroup limit {cgroup / GiB:.2f} GiB (Slurm --mem / docker -m)")
+    return NodeRam(physical, f"this machine's {physical / GiB:.2f} GiB of RAM")
 
 
-def host_memory() -> HostMemory:
+def node_ram() -> NodeRam:
     """This node's RAM as the kernel will enforce it: physical RAM, or the cgroup limit."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
         proc_cgroup = Path("/proc/self/cgroup").read_text()
     except OSError:  # not Linux
         proc_cgroup = ""
-    return host_limit(physical, cgroup_memory_limit(proc_cgroup))
+    return ram_limit(physical, cgroup_memory_limit(proc_cgroup))
 
 
-def host_memory_bytes() -> int:
-    """host_memory()'s bytes (the smaller of the RAM and the cgroup limit)."""
-    return host_memory().bytes
+def node_ram_bytes() -> int:
+    """node_ram()'s bytes (the smaller of the RAM and the cgroup limit)."""
+    return node_ram().bytes
 
 
 def device_memory_bytes(local_rank: int) -> int | None:
@@ -140,17 +138,17 @@ def check_fits(
     *,
     ranks_per_node: int,
     device_bytes: int | None,
-    host: HostMemory | None = None,
+    ram: NodeRam | None = None,
 ) -> None:
     """A ConfigError, with the estimate and the fixes, when the run cannot fit.
 
     On GPUs each rank's estimate must fit what the picker lets a run use of its GPU
     (`usable_gpu_memory` of `device_bytes`, the card's total), and the node's CPU part 90% of
     its RAM; on CPU the ranks' "device" memory is the host's too, so all of it must fit 90% of
-    the host together. `host`: the node's RAM and the name of its limit (default:
-    `host_memory()`, the machine's or the cgroup's, whichever is lower).
+    the host together. `ram`: the node's RAM and the name of its limit (default:
+    `node_ram()`, the machine's or the cgroup's, whichever is lower).
     """
-    host = host or host_memory()
+    ram = ram or node_ram()
     problems = []
     if device_bytes is not None and est.total > usable_gpu_memory(device_bytes):
         problems.append(
@@ -162,13 +160,13 @@ def check_fits(
             "absorbs allocator fragmentation: what tools/pick_preset.py plans with)"
         )
     host_need = host_bytes_needed(est, ranks_per_node, on_cpu=device_bytes is None)
-    if host_need > usable_cpu_memory(host.bytes):
+    if host_need > usable_cpu_memory(ram.bytes):
         where = f"{ranks_per_node} rank(s) on CPU" if device_bytes is None else "the CPU side"
         problems.append(
             f"the estimate for {where} is {host_need / GiB:.2f} GiB per node (per rank "
             f"{est.total / GiB:.2f} GiB, activations {est.activations / GiB:.2f} GiB), more than "
-            f"the {usable_cpu_memory(host.bytes) / GiB:.2f} GiB a run may use: "
-            f"{CPU_USABLE_FRACTION:.0%} of {host.limit}"
+            f"the {usable_cpu_memory(ram.bytes) / GiB:.2f} GiB a run may use: "
+            f"{CPU_USABLE_FRACTION:.0%} of {ram.limit}"
         )
     if problems:
         problems.append(f"fix: {FIXES}; or pass --ignore_memory_estimate to start anyway")

@@ -20,7 +20,7 @@ from gpt_ds.memory.hardware import (
     GPU_USABLE_FRACTION,
     Hardware,
 )
-from gpt_ds.memory.settings import ZeroSettings, load_preset_settings
+from gpt_ds.memory.settings import DeepSpeedRun, ZeroSettings, load_preset_settings
 from gpt_ds.model.gpt2 import ModelShape, flops_per_token, shape_problems
 
 DS_CONFIG_DIR = PRESET_DIR  # the presets, installed or in a checkout
@@ -203,8 +203,7 @@ def _candidate(
     source = f"ds_configs/{spec.preset}" if path and path.is_file() else "DeepSpeed defaults"
 
     def est(micro: int) -> MemoryEstimate:
-        return estimate_run(
-            shape,
+        run = DeepSpeedRun(
             zero_stage=spec.zero_stage,
             offload_optimizer=spec.offload_optimizer,
             offload_param=spec.offload_param,
@@ -213,9 +212,10 @@ def _candidate(
             micro_batch_size=micro,
             precision=precision,
             activation_checkpointing=ckpt,
-            zero_config=settings,
             chunked_loss=CHUNKED_LOSS,
+            zero=settings,
         )
+        return estimate_run(shape, run)
 
     e1 = est(1)
     max_micro = _max_micro_batch(e1, est(2), hw.usable_gpu_bytes)

@@ -1,4 +1,5 @@
-"""The zero_optimization settings that cost memory, read from a DeepSpeed config or preset."""
+"""What of a run costs memory besides the model: the zero_optimization sizes (`ZeroSettings`,
+from a DeepSpeed config or preset) and the run itself (`DeepSpeedRun`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 
 
 @dataclass(frozen=True)
@@ -66,3 +69,49 @@ def load_preset_settings(preset: str | Path) -> ZeroSettings:
     if not path.is_file():
         return ZeroSettings()
     return ZeroSettings.from_ds_config(json.loads(path.read_text()).get("zero_optimization"))
+
+
+@dataclass(frozen=True)
+class DeepSpeedRun:
+    """What of one DeepSpeed run decides its memory, besides the model's shape: the input of
+    `estimate_run`, built by the trainer's plan (`from_resolved`), the picker and the tests."""
+
+    zero_stage: int
+    offload_optimizer: bool
+    offload_param: bool
+    world_size: int
+    gpus_per_node: int
+    micro_batch_size: int
+    precision: str
+    activation_checkpointing: bool
+    chunked_loss: bool = False
+    """The LM loss is computed in chunks (--loss chunked): no full logits (activations.py)."""
+    zero: ZeroSettings = ZeroSettings()
+    """Bucket, prefetch and persistence sizes; DeepSpeed 0.19's defaults unless given."""
+    rank: int | None = None
+    """The rank to describe; None: the one holding the most (ZeRO-2 ranks differ slightly)."""
+
+    @classmethod
+    def from_resolved(
+        cls,
+        resolved: ResolvedDsConfig,
+        *,
+        world_size: int,
+        gpus_per_node: int,
+        activation_checkpointing: bool,
+        chunked_loss: bool,
+    ) -> DeepSpeedRun:
+        """The run a resolved DeepSpeed config describes, on `world_size` ranks."""
+        zero = resolved.config.get("zero_optimization", {})
+        return cls(
+            zero_stage=resolved.zero_stage,
+            offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none") != "none",
+            offload_param=zero.get("offload_param", {}).get("device", "none") != "none",
+            world_size=world_size,
+            gpus_per_node=gpus_per_node,
+            micro_batch_size=resolved.micro_batch_size,
+            precision=resolved.precision,
+            activation_checkpointing=activation_checkpointing,
+            chunked_loss=chunked_loss,
+            zero=ZeroSettings.from_ds_config(zero),
+        )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from gpt_ds.observe.rss import peak_rss_gib
 
 METRICS_FILE = "metrics.jsonl"
 MonitorWriter = Callable[[int, dict[str, float]], None]  # (optimizer step, {tag: value})
@@ -28,8 +29,7 @@ def peak_memory_gib() -> float:
     """Peak device memory of this rank (GPU allocator), or peak RSS on CPU, in GiB."""
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
-    return kib / 2**20
+    return peak_rss_gib()
 
 
 def format_duration(seconds: float) -> str:

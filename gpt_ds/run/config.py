@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpt_ds.base import cli
+from gpt_ds.base import cli, dist
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.base.flag_file import load_flag_file
 from gpt_ds.base.tool_names import tool
@@ -25,7 +24,7 @@ from gpt_ds.dsconfig.lr_schedule import SCHEDULES
 from gpt_ds.dsconfig.schema import PRESETS, preset_path
 from gpt_ds.dsconfig.settings import RunSettings
 from gpt_ds.model.gpt2 import MODEL_PRESETS, resolve_shape, shape_problems
-from gpt_ds.observe import host_memory
+from gpt_ds.observe import rss
 
 option = cli.option
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")
@@ -190,8 +189,8 @@ class RunConfig:
         "auto",
         "Give freed host memory blocks (1 MiB and up) back to the kernel at once: on, off, or "
         "auto (on for CPU ranks and models of 100M+ parameters; see "
-        "gpt_ds/observe/host_memory.py).",
-        choices=host_memory.CHOICES,
+        "gpt_ds/observe/rss.py).",
+        choices=rss.CHOICES,
     )
     dry_run: bool = option(
         False,
@@ -244,7 +243,7 @@ def run_settings(
     return RunSettings(
         load_universal=load_universal,
         hidden_size=hidden_size,
-        world_size=world_size or int(os.environ.get("WORLD_SIZE", "1")),
+        world_size=world_size or dist.world_size(),
         micro_batch_size=cfg.micro_batch_size,
         grad_accum=cfg.grad_accum,
         lr=cfg.lr,

@@ -20,7 +20,14 @@ from pathlib import Path
 
 from gpt_ds.base.errors import CheckpointError, ConfigError
 from gpt_ds.checkpoint import CheckpointRef, is_checkpoint_dir, resolve
-from gpt_ds.model.gpt2 import ModelShape, pretrained_shape, unpadded
+from gpt_ds.model.gpt2 import (
+    ModelShape,
+    padded_vocab,
+    pretrained_shape,
+    resolve_shape,
+    unpadded,
+)
+from gpt_ds.run.config import RunConfig
 
 SCRATCH = "scratch"
 STAGING = ".init_weights"  # in the new run's out dir while the ranks load it
@@ -93,6 +100,16 @@ def init_shape(init: InitSource, block_size: int | None) -> ModelShape:
     if init.checkpoint is not None:
         return checkpoint_shape(init.checkpoint, block_size)
     return pretrained_shape(init.value, block_size)
+
+
+def model_source(cfg: RunConfig) -> tuple[InitSource, ModelShape]:
+    """The run's first weights (`--init_from`) and the shape it trains: that of the weights,
+    or (scratch) a preset with the shape flags, its vocabulary padded (`--vocab_multiple`)."""
+    init = resolve_init(cfg.init_from, cfg.out_dir)
+    if not init.is_scratch:
+        return init, init_shape(init, cfg.block_size)
+    shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
+    return init, padded_vocab(shape, cfg.vocab_multiple)
 
 
 def export_for_loading(ref: CheckpointRef, out_dir: str | Path, log=print) -> Path:

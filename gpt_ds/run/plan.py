@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from gpt_ds.checkpoint import (
     CheckpointRef,
     check_model,
     check_same_data,
+    check_writable,
     complete_tags,
     damaged_files,
     needs_universal,
@@ -29,24 +29,20 @@ from gpt_ds.checkpoint import (
 from gpt_ds.checkpoint.batch import Batch, check_batch
 from gpt_ds.data.mixture import DataMix, load_mix
 from gpt_ds.dsconfig.lr_schedule import with_schedule
+from gpt_ds.dsconfig.monitors import check_monitors, with_monitor_flags
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
+from gpt_ds.dsconfig.run_length import has_budget, with_budget
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.launch.gpu_support import check_gpu_support
-from gpt_ds.memory import MemoryEstimate
+from gpt_ds.memory import DeepSpeedRun, MemoryEstimate, estimate_run
 from gpt_ds.memory.guard import check_fits, device_memory_bytes
 from gpt_ds.model.gpt2 import (
     ModelShape,
     checkpoint_vocab,
-    padded_vocab,
-    resolve_shape,
 )
-from gpt_ds.observe import monitoring
-from gpt_ds.observe.monitoring import with_monitor_flags
-from gpt_ds.observe.report import memory_estimate
 from gpt_ds.run import lock as run_lock
 from gpt_ds.run.config import RunConfig, run_settings, validate
-from gpt_ds.run.init_source import InitSource, init_shape, resolve_init
-from gpt_ds.run.length import has_budget, with_budget
+from gpt_ds.run.init_source import InitSource, model_source
 from gpt_ds.run.lock import RunLock
 
 
@@ -66,15 +62,15 @@ class RunPlan:
 
 def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     """Validate and resolve everything the run needs; raises a GptDsError naming what is wrong.
-    `damaged` names checkpoint tags found damaged, which `--resume` must not use."""
+    `damaged` names checkpoint tags found damaged, which `--resume` must not use. The steps
+    run from the run's own decisions down to the checks against checkpoint and machine."""
     validate(cfg)
-    init = resolve_init(cfg.init_from, cfg.out_dir)
-    shape = model_shape(cfg, init)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     resume = resume_checkpoint(cfg, damaged)
+    init, shape = model_source(cfg)
     if resume is not None:  # the run keeps the checkpoint's model, vocabulary padding included
         shape = checkpoint_vocab(shape, resume.manifest.model)
         check_model(resume, asdict(shape))
+    world = dist.world_size()  # the launcher's, before the process group exists
     universal = resume is not None and needs_universal(resume.manifest, world)
     raw = with_monitor_flags(
         load_ds_config(preset_path(cfg.deepspeed_config)),
@@ -91,41 +87,58 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     # a budget in tokens or epochs needs the batch first: resolved once for it, with room
     probe = dataclasses.replace(cfg, max_iters=10**9) if has_budget(cfg) else cfg
     ds = resolve_ds_config(raw, settings(probe), source=cfg.deepspeed_config)
-    if resume is not None:
-        now = Batch(world, ds.micro_batch_size, ds.grad_accum, shape.block_size)
-        for line in check_batch(resume.manifest, now, cfg.allow_batch_change):
-            dist.print0(line)
     data = load_mix(cfg.data_dir, shape.tokens, shape.block_size)
+    identity, length = data.identity(), []
     if has_budget(cfg):
         cfg, line = with_budget(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
+        ds, length = resolve_ds_config(raw, settings(cfg), source=cfg.deepspeed_config), [line]
+    check_monitors(ds.config)
+    notes = check_resume(resume, cfg, ds, shape, identity) + length
+    estimate = check_machine(cfg, ds, shape)
+    for line in notes:
         dist.print0(line)
-        ds = resolve_ds_config(raw, settings(cfg), source=cfg.deepspeed_config)
-    monitoring.check(ds.config)
-    if resume is not None:
-        check_same_data(resume, data.identity())
-    check_writable(Path(cfg.out_dir))
-    check_gpu_support(dist.local_rank())  # first: with a GPU unseen the guard would judge CPU
-    estimate = memory_estimate(
-        shape, ds, cfg.activation_checkpointing, chunked_loss=cfg.loss == "chunked"
-    )
-    if not cfg.ignore_memory_estimate:
-        check_fits(
-            estimate,
-            ranks_per_node=dist.local_world_size(),
-            device_bytes=device_memory_bytes(dist.local_rank()),
-        )  # host: the RAM or the cgroup limit (host_memory)
     return RunPlan(
         cfg=cfg, shape=shape, ds=ds, data=data, resume=resume, init=init, estimate=estimate
     )
 
 
-def model_shape(cfg: RunConfig, init: InitSource) -> ModelShape:
-    """The shape the run trains: a preset with overrides, or that of its `--init_from`
-    weights (Hugging Face GPT-2, or an earlier run's checkpoint)."""
-    if init.is_scratch:
-        shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
-        return padded_vocab(shape, cfg.vocab_multiple)
-    return init_shape(init, cfg.block_size)
+def check_resume(
+    resume: CheckpointRef | None,
+    cfg: RunConfig,
+    ds: ResolvedDsConfig,
+    shape: ModelShape,
+    data_identity: dict,
+) -> list[str]:
+    """A resume's batch (changed only with --allow_batch_change) and data (the same files)
+    against the checkpoint; returns the lines saying what changed."""
+    if resume is None:
+        return []
+    now = Batch(dist.world_size(), ds.micro_batch_size, ds.grad_accum, shape.block_size)
+    lines = check_batch(resume.manifest, now, cfg.allow_batch_change)
+    check_same_data(resume, data_identity)
+    return lines
+
+
+def check_machine(cfg: RunConfig, ds: ResolvedDsConfig, shape: ModelShape) -> MemoryEstimate:
+    """The out dir writable, GPU support, and (unless ignored) the memory guard; returns the
+    predicted per-rank memory."""
+    check_writable(Path(cfg.out_dir))
+    check_gpu_support(dist.local_rank())  # first: with a GPU unseen the guard would judge CPU
+    run = DeepSpeedRun.from_resolved(
+        ds,
+        world_size=dist.world_size(),
+        gpus_per_node=dist.local_world_size(),
+        activation_checkpointing=cfg.activation_checkpointing,
+        chunked_loss=cfg.loss == "chunked",
+    )
+    estimate = estimate_run(shape, run)
+    if not cfg.ignore_memory_estimate:
+        check_fits(
+            estimate,
+            ranks_per_node=dist.local_world_size(),
+            device_bytes=device_memory_bytes(dist.local_rank()),
+        )  # host: the RAM or the cgroup limit (node_ram)
+    return estimate
 
 
 def claim_out_dir(plan: RunPlan) -> tuple[RunLock | None, RunPlan]:
@@ -182,14 +195,3 @@ def resume_checkpoint(
         )
     tag = None if cfg.resume == "latest" else cfg.resume
     return resolve(out_dir, tag, flag="--resume", fall_back=True, damaged=damaged, note=dist.print0)
-
-
-def check_writable(out_dir: Path) -> None:
-    """Fail before training, not at the first checkpoint, when out_dir cannot be written."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write_probe_{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise GptDsError(f"--out_dir {out_dir}: not writable ({exc.strerror or exc})") from exc

@@ -15,6 +15,7 @@ import torch
 from gpt_ds.base import dist
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.dsconfig.lr_schedule import wsd_scheduler
+from gpt_ds.dsconfig.monitors import prepare_wandb
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 from gpt_ds.model.gpt2 import (
     ModelShape,
@@ -24,7 +25,6 @@ from gpt_ds.model.gpt2 import (
     param_groups,
     shape_of,
 )
-from gpt_ds.observe.monitoring import prepare_wandb
 from gpt_ds.run.config import RunConfig
 from gpt_ds.run.init_source import InitSource, export_for_loading, remove_staging
 from gpt_ds.training.compile_model import compile_engine

@@ -25,19 +25,20 @@ from gpt_ds.checkpoint import (
     latest_tag,
     needs_universal,
 )
-from gpt_ds.data.mixture import DataMix, MixtureSampler
-from gpt_ds.data.tokens import TrainSampler
+from gpt_ds.data.mixture import DataMix, MixtureWindows
+from gpt_ds.data.tokens import TrainWindows
+from gpt_ds.dsconfig.monitors import describe
 from gpt_ds.model.gpt2 import flops_per_token, lm_loss
-from gpt_ds.observe import report
-from gpt_ds.observe.host_memory import release_freed_blocks, wants_release
+from gpt_ds.observe import startup
 from gpt_ds.observe.metrics import MetricsLogger, RunFacts, peak_memory_gib, rewind
-from gpt_ds.observe.monitoring import EngineMonitor, describe
+from gpt_ds.observe.monitoring import EngineMonitor
 from gpt_ds.observe.peak_flops import resolve_peak
+from gpt_ds.observe.rss import release_freed_blocks, wants_release
 from gpt_ds.run.plan import RunPlan
 from gpt_ds.training.early_stop import EarlyStop
 from gpt_ds.training.engine_build import build_engine
 from gpt_ds.training.evaluation import evaluate_mix
-from gpt_ds.training.stop import StopRequest
+from gpt_ds.training.stop_request import StopRequest
 
 
 @dataclass
@@ -74,7 +75,7 @@ class Trainer:
     def __init__(self, plan: RunPlan):
         self.plan, self.cfg, self.shape = plan, plan.cfg, plan.shape
         self.checkpointer = Checkpointer(plan.cfg.out_dir, plan.cfg.keep_last)
-        self.stop = StopRequest()
+        self.stop_request = StopRequest()
         self.iteration = 0
         self.best_val: float | None = None
         self.best_tag: str | None = None
@@ -84,7 +85,7 @@ class Trainer:
         self.last_val_iter = -1  # the iteration of `last_val`
         self.tokens_seen = 0  # trained on so far, all ranks (in checkpoints and records)
         self.early_stop = EarlyStop(plan.cfg.early_stop_patience, plan.cfg.early_stop_min_delta)
-        self.stop_early = False  # the latest evaluation ends the run (--early_stop_patience)
+        self.patience_ran_out = False  # the latest evaluation ends the run (--early_stop_patience)
 
     @property
     def tokens_per_iter(self) -> int:
@@ -101,7 +102,7 @@ class Trainer:
         try:
             return self._run()
         finally:
-            self.stop.close()
+            self.stop_request.close()
             if self.monitor is not None:
                 self.monitor.close()
 
@@ -138,7 +139,7 @@ class Trainer:
 
     def _first_step_report(self, seconds: float) -> None:
         """Memory after the first step; with --compile, its time (compilation included)."""
-        report.model_states(self.engine, self.estimate)
+        startup.model_states(self.engine, self.estimate)
         if self.cfg.compile:
             self.metrics.event(
                 {
@@ -151,12 +152,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
-        """Model -> engine -> start-up report -> data sampler -> resume."""
+        """Model -> engine -> start-up report -> training windows -> resume."""
         cfg, ds = self.cfg, self.plan.ds
-        report.rank_banner()
+        startup.rank_banner()
         init = self.plan.init
         name = cfg.model_preset if init.is_scratch else init.describe()
-        report.run_summary(name, self.shape, ds, self.plan.data)
+        startup.run_summary(name, self.shape, ds, self.plan.data)
         resume = self.plan.resume
         if resume is not None and needs_universal(resume.manifest, dist.world_size()):
             resume = convert_on_rank0(resume)  # the DeepSpeed config already loads universal
@@ -165,12 +166,12 @@ class Trainer:
         before = peak_memory_gib()  # the process itself: interpreter, imports, data
         self.engine = build_engine(cfg, self.shape, ds, self.plan.init)
         self.estimate = self.plan.estimate
-        report.print_memory_estimate(self.estimate)
-        report.startup_memory(self.estimate, before)
-        self.comm_seconds = report.communication_plan(self.shape, ds)
+        startup.print_memory_estimate(self.estimate)
+        startup.startup_memory(self.estimate, before)
+        self.comm_seconds = startup.communication_plan(self.shape, ds)
         torch.manual_seed(cfg.seed + 1000 * dist.rank())  # per-rank dropout streams
-        sampler = MixtureSampler if self.plan.data.is_mixture else _one_source_sampler
-        self.sampler = sampler(
+        make_windows = MixtureWindows if self.plan.data.is_mixture else _one_source_windows
+        self.train_windows = make_windows(
             self.plan.data, self.shape.block_size, ds.micro_batch_size, cfg.seed, dist.rank()
         )
         if resume is not None:
@@ -208,7 +209,7 @@ class Trainer:
         resumed = self.checkpointer.load(self.engine, ref)
         self.iteration = resumed.iteration
         self.best_val, self.best_tag = resumed.best_val_loss, resumed.best_tag
-        self.sampler.load_state_dict(resumed.sampler_state)
+        self.train_windows.load_state_dict(resumed.train_windows_state)
         self.early_stop.load_state_dict(resumed.manifest.early_stop)
         self.tokens_seen = resumed.manifest.tokens_seen or self.iteration * self.tokens_per_iter
         dist.print0(f"resumed from {self.cfg.out_dir}/{ref.tag} at iteration {self.iteration}")
@@ -222,14 +223,14 @@ class Trainer:
         skipped_before = self.engine.skipped_steps
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         for _ in range(ga):
-            x, y = self.sampler.next_batch()
+            x, y = self.train_windows.next_batch()
             loss = lm_loss(self.engine, *dist.to_device(x, y, dev=dev))
             self.engine.backward(loss)
             self.engine.step()
             loss_sum += loss.detach()  # stays on the device: no host sync per micro-batch
         # one tiny all-reduce per iteration: the mean loss for the log, NaN detection and the
         # stop flag, so every rank takes the same branch afterwards
-        total, stopping = dist.all_reduce_sum([loss_sum / ga, float(self.stop.requested)])
+        total, stopping = dist.all_reduce_sum([loss_sum / ga, float(self.stop_request.requested)])
         mean_loss = total / dist.world_size()
         self._check_finite(it, mean_loss, self.engine.skipped_steps > skipped_before)
         self.iteration = it
@@ -289,8 +290,8 @@ class Trainer:
             return False
         if _due(it, self.cfg.eval_interval):
             self.evaluate(it)
-            if self.stop_early:
-                self._stop_early(it)
+            if self.patience_ran_out:
+                self._end_on_plateau(it)
                 return True
         saved = False
         if self._save_due(it):
@@ -298,20 +299,21 @@ class Trainer:
             saved = True
         if not stop_requested:
             return False
-        dist.print0(f"{self.stop.reason or 'a stop was requested on another rank'}: saving")
+        dist.print0(f"{self.stop_request.reason or 'a stop was requested on another rank'}: saving")
         if not saved:  # not twice: the launcher SIGKILLs ranks 30 s after its SIGTERM
             self.save(f"iter_{it}")
         dist.print0(f"stopped at iteration {it}; resume with --resume (tag iter_{it})")
         return True
 
-    def _stop_early(self, it: int) -> None:
-        """The run ends here: `final` saved, the best checkpoint named."""
+    def _end_on_plateau(self, it: int) -> None:
+        """--early_stop_patience ran out: the run ends here, `final` saved, the best checkpoint
+        named."""
         self.metrics.event({"event": "early_stop", "iter": it, "message": self.early_stop.reason()})
         self.save("final")
         best = f"{self.cfg.out_dir}/{self.best_tag}" if self.best_tag else "none saved"
         dist.print0(
             f"stopped early at iteration {it}; best checkpoint: {best} (val loss "
-            f"{self.best_val}); export it with {tool('zero_to_fp32')} {self.cfg.out_dir} --tag best"
+            f"{self.best_val}); export it with {tool('export')} {self.cfg.out_dir} --tag best"
         )
 
     def _save_due(self, it: int) -> bool:
@@ -353,7 +355,7 @@ class Trainer:
             it, self.tokens_seen, res.loss, train_loss, res.perplexity, res.by_source
         )
         self.last_val, self.last_val_iter = res.loss, it
-        self.stop_early = self.early_stop.observe(res.loss, it)
+        self.patience_ran_out = self.early_stop.observe(res.loss, it)
 
     def save(self, tag: str) -> None:
         """Checkpoint `tag`; it becomes the best tag when evaluated here and better than any
@@ -381,14 +383,14 @@ class Trainer:
             data=self.plan.data.identity(),
             early_stop=self.early_stop.state_dict(),
         )
-        path = self.checkpointer.save(self.engine, self.sampler, manifest)
+        path = self.checkpointer.save(self.engine, self.train_windows, manifest)
         self.metrics.event(
             {"event": "checkpoint", "iter": self.iteration, "tag": tag, "message": f"saved {path}"}
         )
 
 
-def _one_source_sampler(data: DataMix, *args) -> TrainSampler:
-    return TrainSampler(data.sources[0].train, *args)
+def _one_source_windows(data: DataMix, *args) -> TrainWindows:
+    return TrainWindows(data.sources[0].train, *args)
 
 
 def _as_float(value) -> float | None:

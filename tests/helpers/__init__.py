@@ -1,12 +1,11 @@
-"""Support code for the tests and the benchmarks; no tests here.
+"""Support code only the tests use; no tests here.
 
-- `launch`: start real DeepSpeed runs (free ports, the ranks' environment, /dev/shm cleanup)
-  and the arguments of a tiny CPU run.
-- `runs`: what a run left behind: losses by iteration, consolidated weights.
-- `faults`: a run in the background that a test can kill, signal and watch.
 - `sshd`: a private sshd on loopback addresses, for two-"node" tests.
+- `compared_runs`: 2-rank runs shared by the tests that compare them, one per configuration.
 
 Tests import these as `helpers.*` (pytest puts tests/ on sys.path: rootdir conftest, no
-tests/__init__.py); benchmarks put tests/ on sys.path themselves. Nothing here imports a test
-module or conftest. Scripts that tests launch as processes live in tests/scripts/.
+tests/__init__.py). What the benchmarks share with the tests (launches, runs, background runs
+to kill) lives in benchmarks/support/, imported as `support.*` (tests/conftest.py puts
+benchmarks/ on sys.path). Nothing here imports a test module or conftest. Scripts that tests
+launch as processes live in tests/scripts/.
 """

@@ -13,9 +13,8 @@ import math
 from pathlib import Path
 
 import torch
-
-from helpers.launch import run_deepspeed, tiny_run_args
-from helpers.runs import consolidated_model, train_losses
+from support.launch import run_deepspeed, tiny_run_args
+from support.runs import consolidated_model, train_losses
 
 ITERS = 4
 BASE = {

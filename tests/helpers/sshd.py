@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from helpers.launch import free_port
+from support.launch import free_port
 
 SSHD = "/usr/sbin/sshd"
 PACKAGES = {SSHD: "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client",

@@ -20,7 +20,7 @@ import deepspeed
 import torch
 import torch.distributed as tdist
 
-from gpt_ds.memory import estimate_run, measured_model_state_bytes
+from gpt_ds.memory import DeepSpeedRun, ZeroSettings, estimate_run, measured_model_state_bytes
 from gpt_ds.model.gpt2 import build_model, resolve_shape
 
 REDUCE_BUCKET = 5_000_000  # small: the buckets are not measured, and CPU RAM is shared
@@ -66,8 +66,7 @@ def measure(stage: int, precision: str, args: argparse.Namespace) -> dict:
     inner.step = step_and_measure
     engine.step()
     inner.step = real_step
-    est = estimate_run(
-        shape,
+    run = DeepSpeedRun(
         zero_stage=stage,
         offload_optimizer=False,
         offload_param=False,
@@ -76,9 +75,10 @@ def measure(stage: int, precision: str, args: argparse.Namespace) -> dict:
         micro_batch_size=args.micro_batch_size,
         precision=precision,
         activation_checkpointing=False,
-        reduce_bucket_size=REDUCE_BUCKET,
+        zero=ZeroSettings(reduce_bucket_size=REDUCE_BUCKET),
         rank=rank,
     )
+    est = estimate_run(shape, run)
     result = {
         "rank": rank,
         "stage": stage,

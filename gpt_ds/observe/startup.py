@@ -12,7 +12,6 @@ from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 from gpt_ds.memory import (
     MemoryEstimate,
     comm_bytes_per_step,
-    estimate_run,
     measured_model_state_bytes,
 )
 from gpt_ds.model.gpt2 import ModelShape
@@ -44,32 +43,6 @@ def run_summary(model_name: str, shape: ModelShape, resolved: ResolvedDsConfig, 
     )
     if data.is_mixture:
         dist.print0(f"data mixture: {data.describe()}")
-
-
-def memory_estimate(
-    shape: ModelShape,
-    resolved: ResolvedDsConfig,
-    activation_checkpointing: bool,
-    chunked_loss: bool,
-) -> MemoryEstimate:
-    """Predicted per-rank memory for this run (the model behind tools/pick_preset.py); works
-    before the process group exists (world size from the launcher's environment)."""
-    zero = resolved.config.get("zero_optimization", {})
-    world = dist.world_size()
-    est = estimate_run(
-        shape,
-        zero_stage=resolved.zero_stage,
-        offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none") != "none",
-        offload_param=zero.get("offload_param", {}).get("device", "none") != "none",
-        world_size=world,
-        gpus_per_node=dist.local_world_size(),
-        micro_batch_size=resolved.micro_batch_size,
-        precision=resolved.precision,
-        activation_checkpointing=activation_checkpointing,
-        zero_config=zero,
-        chunked_loss=chunked_loss,
-    )
-    return est
 
 
 def communication_plan(shape: ModelShape, resolved: ResolvedDsConfig) -> float | None:

@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
-from helpers.launch import REPO, TRAIN, VENV_BIN, free_port, launch_env, shm_buffers
+from support.launch import REPO, TRAIN, VENV_BIN, free_port, launch_env, shm_buffers
 
 
 class Launch:
@@ -77,9 +76,9 @@ class Launch:
         while not condition():
             if self.proc.poll() is not None:
                 rc = self.proc.returncode
-                pytest.fail(f"the run ended (rc={rc}) before {what}:\n" + self.tail())
+                raise AssertionError(f"the run ended (rc={rc}) before {what}:\n" + self.tail())
             if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {what}:\n" + self.tail())
+                raise AssertionError(f"timed out waiting for {what}:\n" + self.tail())
             time.sleep(poll)
 
     def finish(self, timeout: float = 300) -> int:

@@ -1,4 +1,4 @@
-"""Host memory of a rank: its peak RSS, and glibc's habit of keeping what a step freed.
+"""A rank's resident memory (RSS): its peak, and glibc's habit of keeping what a step freed.
 
 Measured on this project's CPU machines (BENCHMARKS.md): a ZeRO-3 step of gpt2-medium on 4
 ranks peaked at 5.0-5.5 GiB RSS per rank against 3.3 GiB of live tensors. The difference is
@@ -15,11 +15,20 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import resource
+import sys
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 RELEASE_THRESHOLD = 1 << 20  # blocks from 1 MiB up: mapped, and unmapped when freed
 AUTO_MIN_PARAMS = 100_000_000
 CHOICES = ("auto", "on", "off")
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident set size so far, in GiB (Linux reports KiB, macOS bytes):
+    the one peak-RSS reading of the package (training metrics, the export's summary)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 * (1 if sys.platform == "darwin" else 1024)
 
 
 def wants_release(choice: str, device_type: str, num_params: int) -> bool:

@@ -1,5 +1,4 @@
-"""What the benchmark scripts share: a scratch directory, the Tiny Shakespeare data, and a
-process's memory figures from /proc (the same measure for gpt_ds and for its peers)."""
+"""A benchmark's workspace: a scratch directory, and the Tiny Shakespeare data in it."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
@@ -30,14 +29,3 @@ def prepare_shakespeare(work: Path) -> str:
     cmd = [sys.executable, str(tool), "--out_dir", str(out), "--quiet"]
     subprocess.run(cmd, check=True, cwd=REPO, capture_output=True)
     return str(out)
-
-
-def status_bytes(pid: int, field: str) -> int:
-    """A memory field of /proc/PID/status (VmHWM: peak resident set; RssAnon: anonymous
-    memory), in bytes; 0 once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            line = next((x for x in f if x.startswith(f"{field}:")), f"{field}: 0 kB")
-    except OSError:
-        return 0
-    return int(line.split()[1]) * 1024

@@ -1,16 +1,20 @@
-"""Launch real DeepSpeed runs from tests: free ports, an isolated JIT cache, no leaked /dev/shm.
+"""Launch real DeepSpeed runs from tests and benchmarks: free ports, an isolated JIT cache, no
+leaked /dev/shm.
 
 Every test that starts ranks goes through `run_deepspeed` (or `run_python` for one process) so
 that each launch uses its own port and its shared-memory buffers are removed afterwards, even
-when a rank was killed. `tiny_run_args` gives the arguments of a small, fast CPU run.
+when a rank was killed. `tiny_run_args` gives the arguments of a small, fast CPU run;
+`launcher_env` the world a launch would give, for planning a run in this process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,6 +41,22 @@ def launch_env() -> dict[str, str]:
     env.pop("MASTER_PORT", None)
     env.pop("MASTER_ADDR", None)
     return env
+
+
+@contextlib.contextmanager
+def launcher_env(ranks: int) -> Iterator[None]:
+    """WORLD_SIZE / LOCAL_WORLD_SIZE as `deepspeed --num_gpus RANKS` sets them, for a run planned
+    in this process (gpt_ds.run.plan.plan_run reads them before any process group exists)."""
+    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    os.environ.update(WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def shm_buffers(master_addr: str, port: int) -> list[Path]:

@@ -1,0 +1,85 @@
+"""A process's memory figures from /proc (the same measure for gpt_ds and for its peers), and
+a `deepspeed` launch watched to its end for its ranks' peak resident set."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from support.launch import REPO, VENV_BIN, free_port, launch_env, remove_shm_buffers
+
+
+def status_bytes(pid: int, field: str) -> int:
+    """A memory field of /proc/PID/status (VmHWM: peak resident set; RssAnon: anonymous
+    memory), in bytes; 0 once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            line = next((x for x in f if x.startswith(f"{field}:")), f"{field}: 0 kB")
+    except OSError:
+        return 0
+    return int(line.split()[1]) * 1024
+
+
+def rank_pids(launcher: psutil.Process) -> list[psutil.Process]:
+    """The launch's rank processes (the deepspeed launcher starts them with --local_rank)."""
+    try:
+        children = launcher.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [
+        c
+        for c in children
+        if any(part.startswith("--local_rank") for part in _cmdline(c))
+        and "deepspeed.launcher.launch" not in " ".join(_cmdline(c))
+    ]
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+@dataclass
+class Watched:
+    """A launch `run_watched` saw end."""
+
+    cmd: list[str]
+    rc: int  # 124: stopped at its deadline
+    peak_bytes: int  # the largest rank's VmHWM (0 if no rank was seen)
+
+
+def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.inf) -> Watched:
+    """`deepspeed --num_gpus RANKS ARGS` on a fresh port, output to `log`, every rank's VmHWM
+    polled every 0.1 s: the kernel keeps each rank's peak, but only while the rank lives. Past
+    `timeout` seconds the launch and every process it started are killed. Its /dev/shm buffers
+    are removed either way."""
+    port = free_port()
+    cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(port)]
+    cmd += [str(a) for a in args]
+    peaks: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=launch_env(), stdout=f, stderr=subprocess.STDOUT)
+        launcher = psutil.Process(proc.pid)
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                for p in rank_pids(launcher):
+                    peaks[p.pid] = max(peaks.get(p.pid, 0), status_bytes(p.pid, "VmHWM"))
+                time.sleep(0.1)
+        finally:
+            stopped = proc.poll() is None
+            if stopped:
+                for p in [*launcher.children(recursive=True), launcher]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        p.kill()
+                proc.wait()
+            remove_shm_buffers("127.0.0.1", port)
+    return Watched(cmd, 124 if stopped else proc.returncode, max(peaks.values(), default=0))

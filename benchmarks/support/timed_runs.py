@@ -1,0 +1,168 @@
+"""Timed launches of gpt_ds and of its peers (benchmarks/peer_trainers.py): what
+benchmarks/throughput.py and benchmarks/activation_checkpointing.py measure.
+
+`Setup` is one table (a model at a ZeRO stage); `measure` launches each of its rows `--reps`
+times, interleaved, and returns tokens/s after the warm-up and the largest rank's peak memory
+(peak RSS on CPU, the allocator's peak on GPUs) of every launch. The peers get the DeepSpeed
+config gpt_ds's own planning chain (gpt_ds.run.plan.plan_run) resolves for the gpt_ds row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gpt_ds.model.gpt2 import ModelShape
+from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.run.config import parse_args as train_args
+from gpt_ds.run.plan import plan_run
+from support.launch import REPO, TRAIN, launcher_env
+from support.peak_rss import run_watched
+
+PEERS = REPO / "benchmarks" / "peer_trainers.py"
+LR = 6e-4
+# row name -> how it is launched: gpt_ds flags, or a peer of peer_trainers.py
+ROWS: dict[str, tuple[str, list[str]]] = {
+    "gpt_ds": ("gpt_ds", []),
+    "gpt_ds --loss full": ("gpt_ds", ["--loss", "full"]),
+    "gpt_ds --vocab_multiple 1": ("gpt_ds", ["--vocab_multiple", "1"]),
+    "gpt_ds --compile": ("gpt_ds", ["--compile"]),
+    "gpt_ds --activation_checkpointing": ("gpt_ds", ["--activation_checkpointing"]),
+    "HF Trainer": ("peer", ["--trainer", "hf"]),
+    "bare DeepSpeed loop": ("peer", ["--trainer", "bare"]),
+}
+
+
+@dataclass
+class Setup:
+    """One table: a model at a ZeRO stage, and what every row runs with."""
+
+    model: str
+    stage: int
+    shape: ModelShape
+    args: argparse.Namespace
+    work: Path
+    ds_file: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ds_file = self.work / f"{self.model}_zero{self.stage}.json"
+        self.ds_file.write_text(json.dumps(self.resolved_config(), indent=1))
+
+    def resolved_config(self) -> dict:
+        """The DeepSpeed config the gpt_ds row runs with, from the trainer's own planning chain
+        on that row's flags: what the peers get, verbatim. The plan's out dir (plan_run checks
+        that it can write there) is a scratch directory, so the launches' own stay new."""
+        with tempfile.TemporaryDirectory(dir=self.work) as scratch:
+            argv = launch_command(self, "gpt_ds", Path(scratch))[1:]  # the flags, not the script
+            with launcher_env(self.args.ranks):
+                return plan_run(train_args(argv)).ds.config
+
+    @property
+    def tokens_per_step(self) -> int:
+        a = self.args
+        return a.ranks * a.micro_batch_size * a.grad_accum * self.shape.block_size
+
+
+@dataclass
+class Measured:
+    tokens_per_sec: float
+    peak_gib: float  # the largest rank's
+
+
+def launch_command(setup: Setup, row: str, out: Path) -> list[str]:
+    """The script `row` launches and its flags."""
+    a, s = setup.args, setup.shape
+    kind, flags = ROWS[row]
+    size = ["--n_layer", s.n_layer, "--n_head", s.n_head, "--n_embd", s.n_embd]
+    size += ["--block_size", s.block_size]
+    if kind == "gpt_ds":
+        script = TRAIN
+        rest = ["--deepspeed_config", f"zero{setup.stage}", "--model", setup.model, *size]
+        rest += ["--micro_batch_size", a.micro_batch_size, "--grad_accum", a.grad_accum]
+        rest += ["--max_iters", a.steps, "--lr", LR, "--precision", a.precision]
+        rest += ["--eval_interval", 0, "--no_checkpoint", "--log_interval", 1]
+        rest += ["--data_dir", a.data_dir, "--out_dir", out, *flags]
+    else:
+        script = PEERS
+        rest = [*flags, "--ds_config", setup.ds_file, "--data_dir", a.data_dir, *size]
+        rest += ["--steps", a.steps, "--times", out / "times.json"]
+    return [str(x) for x in (script, *rest)]
+
+
+def run_once(setup: Setup, row: str, out: Path) -> Measured:
+    """One launch of `row`; its tokens/s after warm-up and its largest per-rank peak memory."""
+    out.mkdir(parents=True)
+    run = run_watched(setup.args.ranks, launch_command(setup, row, out), out / "log.txt")
+    if run.rc != 0:
+        tail = (out / "log.txt").read_text()[-4000:]
+        raise SystemExit(f"{row} failed (rc {run.rc}): {' '.join(run.cmd)}\n{tail}")
+    times, gpu_peak = step_times(ROWS[row][0], out)
+    warm = setup.args.warmup
+    if len(times) != setup.args.steps:
+        raise SystemExit(f"{row}: {len(times)} step times for {setup.args.steps} steps ({out})")
+    seconds = times[-1] - times[warm - 1]
+    tps = (len(times) - warm) * setup.tokens_per_step / seconds
+    peak = gpu_peak if gpu_peak is not None else run.peak_bytes / 2**30
+    return Measured(tps, peak)
+
+
+def step_times(kind: str, out: Path) -> tuple[list[float], float | None]:
+    """(wall-clock time at the end of each step, the GPU allocator's peak GiB or None)."""
+    if kind == "gpt_ds":
+        train = [r for r in read_metrics(out) if "tokens_per_sec" in r]
+        gpu = max(r["peak_mem_gib"] for r in train) if torch.cuda.is_available() else None
+        return [r["time"] for r in train], gpu
+    data = json.loads((out / "times.json").read_text())
+    return data["times"], data.get("peak_gpu_gib")
+
+
+def measure(setup: Setup, reps: int) -> dict[str, list[Measured]]:
+    """Every row `reps` times, interleaved: rep r starts at row r (rotation)."""
+    rows = setup.args.rows
+    results: dict[str, list[Measured]] = {r: [] for r in rows}
+    for rep in range(reps):
+        for row in rows[rep % len(rows) :] + rows[: rep % len(rows)]:
+            out = setup.work / f"{setup.model}_z{setup.stage}_{rep}_{row.replace(' ', '_')}"
+            results[row].append(m := run_once(setup, row, out))
+            print(
+                f"  {setup.model} ZeRO-{setup.stage} rep {rep + 1}: {row:<22} "
+                f"{m.tokens_per_sec:9,.0f} tok/s  peak {m.peak_gib:.2f} GiB",
+                flush=True,
+            )
+    return results
+
+
+def add_launch_options(
+    p: argparse.ArgumentParser, *, block_size: int, micro_batch_size: int, grad_accum: int,
+    steps: int, warmup: int, reps: int,
+) -> None:  # fmt: skip
+    """The flags `measure` reads from Setup.args, at a benchmark's own defaults."""
+    p.add_argument("--stages", nargs="+", type=int, default=[1, 2, 3], choices=[1, 2, 3])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--block_size", type=int, default=block_size)
+    p.add_argument("--micro_batch_size", type=int, default=micro_batch_size)
+    p.add_argument("--grad_accum", type=int, default=grad_accum)
+    p.add_argument(
+        "--precision",
+        choices=["bf16", "fp16", "fp32"],
+        default="bf16" if torch.cuda.is_available() else "fp32",
+        help="default: bf16 on GPUs, fp32 on CPU",
+    )
+    p.add_argument("--steps", type=int, default=steps, help="optimizer steps per launch")
+    p.add_argument("--warmup", type=int, default=warmup, help="steps not timed")
+    p.add_argument("--reps", type=int, default=reps, help="interleaved repetitions")
+    p.add_argument("--data_dir", help="a prepared data dir (default: Tiny Shakespeare)")
+    p.add_argument("--work_dir", help="keep every launch's log and output here")
+
+
+def parse_launch_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`p`'s arguments, the launch options checked."""
+    a = p.parse_args(argv)
+    if not 1 <= a.warmup < a.steps:
+        p.error("--warmup must be at least 1 and below --steps")
+    return a

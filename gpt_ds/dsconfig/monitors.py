@@ -1,0 +1,103 @@
+"""The DeepSpeed config's monitor sections (TensorBoard, Weights & Biases, CSV).
+
+`--tensorboard_dir`, `--wandb_project` and `--csv_dir` fill the DeepSpeed config's
+`tensorboard` / `wandb` / `csv_monitor` sections (a user's config may hold them instead);
+`check_monitors` refuses, before any model is built, a W&B run that would fail at its first
+log. The trainer then writes through them (observe/monitoring.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import netrc
+import os
+from pathlib import Path
+
+from gpt_ds.base.errors import ConfigError
+
+SECTIONS = ("tensorboard", "wandb", "csv_monitor")
+
+
+def with_monitor_flags(
+    raw: dict,
+    out_dir: str,
+    tensorboard_dir: str | None,
+    csv_dir: str | None,
+    wandb_project: str | None,
+    run_name: str,
+) -> dict:
+    """The DeepSpeed config with the monitor flags filled in.
+
+    A section the user's config enables without an output path writes under OUT_DIR instead of
+    DeepSpeed's default (~/tensorboard, ~/csv_monitor); each run writes in a folder named
+    after it (job_name), so several runs share one `tensorboard --logdir`."""
+    ds_config = copy.deepcopy(raw)
+    for section, path in (("tensorboard", tensorboard_dir), ("csv_monitor", csv_dir)):
+        sec = ds_config.setdefault(section, {}) if path else ds_config.get(section, {})
+        if path:
+            sec.update(enabled=True, output_path=str(path))
+        if sec.get("enabled"):  # DeepSpeed's defaults: "" (its ~/<section> folder), a fixed name
+            sec["output_path"] = sec.get("output_path") or str(Path(out_dir) / section)
+            if sec.get("job_name") in (None, "", "DeepSpeedJobName"):
+                sec["job_name"] = run_name
+    if wandb_project:
+        ds_config.setdefault("wandb", {}).update(enabled=True, project=wandb_project)
+    return ds_config
+
+
+def enabled(ds_config: dict, section: str) -> bool:
+    """Whether the DeepSpeed config turns this monitor section on."""
+    return bool(ds_config.get(section, {}).get("enabled"))
+
+
+def describe(ds_config: dict) -> list[str]:
+    """One log line per enabled monitor: where its events go."""
+    lines = []
+    for section in SECTIONS:
+        sec = ds_config.get(section, {})
+        if not sec.get("enabled"):
+            continue
+        if section == "wandb":
+            project = sec.get("project", "deepspeed")
+            lines.append(f"monitor: W&B project {project} ({wandb_mode()} mode)")
+        else:
+            where = Path(sec.get("output_path", "")) / sec.get("job_name", "")
+            lines.append(f"monitor: {section} -> {where}")
+    return lines
+
+
+def wandb_mode() -> str:
+    """online, offline or disabled, as W&B itself reads it (WANDB_MODE)."""
+    mode = os.environ.get("WANDB_MODE", "online").lower()
+    return "offline" if mode == "dryrun" else mode
+
+
+def check_monitors(ds_config: dict) -> None:
+    """Refuse a W&B run that would fail at its first log: online without an API key. (A
+    monitor's missing package is resolve.py's to report, with DeepSpeed's other checks.)"""
+    if enabled(ds_config, "wandb") and wandb_mode() == "online" and not _wandb_key():
+        raise ConfigError(
+            [
+                "wandb: online mode needs an API key: run `wandb login`, set WANDB_API_KEY, "
+                "or log offline with WANDB_MODE=offline (then `wandb sync` the run directory)"
+            ],
+            source="monitors",
+        )
+
+
+def _wandb_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1]
+    try:
+        return netrc.netrc().authenticators(host.split("/")[0]) is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def prepare_wandb(ds_config: dict, out_dir: str, run_name: str) -> None:
+    """W&B's run name and local directory, read from the environment when DeepSpeed calls
+    wandb.init (its config has neither): the run's name, files under OUT_DIR/wandb."""
+    if enabled(ds_config, "wandb"):
+        os.environ.setdefault("WANDB_NAME", run_name)
+        os.environ.setdefault("WANDB_DIR", str(Path(out_dir)))
