@@ -69,7 +69,7 @@ def table_rows(setup: Setup, results: dict[str, list[Measured]]) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt2-mini", choices=list(MODEL_PRESETS))
     add_launch_options(
         p, block_size=256, micro_batch_size=16, grad_accum=1, steps=6, warmup=2, reps=1

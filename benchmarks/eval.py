@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
 from support.launch import launch_env, run_deepspeed  # noqa: E402
-from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
+from support.workspace import interleaved, prepare_shakespeare, work_dir  # noqa: E402
 
 # row name -> (ranks, threads per rank)
 ROWS: dict[str, tuple[int, int]] = {
@@ -128,15 +128,14 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, list[Measured]]:
     """Every row `reps` times, interleaved: rep r starts at row r (rotation)."""
     rows = list(ROWS)
     results: dict[str, list[Measured]] = {r: [] for r in rows}
-    for rep in range(args.reps):
-        for row in rows[rep % len(rows) :] + rows[: rep % len(rows)]:
-            out = work / f"rep{rep}_{row.replace(' ', '_').replace(',', '')}"
-            results[row].append(m := run_once(args, row, out))
-            print(
-                f"  rep {rep + 1}: {row:<18} {m.tokens_per_sec:9,.0f} tok/s  "
-                f"{m.seconds:6.2f} s  val loss {m.loss:.10f}",
-                flush=True,
-            )
+    for rep, row in interleaved(rows, args.reps):
+        out = work / f"rep{rep}_{row.replace(' ', '_').replace(',', '')}"
+        results[row].append(m := run_once(args, row, out))
+        print(
+            f"  rep {rep + 1}: {row:<18} {m.tokens_per_sec:9,.0f} tok/s  "
+            f"{m.seconds:6.2f} s  val loss {m.loss:.10f}",
+            flush=True,
+        )
     return results
 
 
@@ -162,7 +161,7 @@ def table(results: dict[str, list[Measured]]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt2-tiny")
     p.add_argument("--stage", type=int, default=2, choices=[1, 2, 3], help="ZeRO preset")
     p.add_argument("--block_size", type=int, default=256)

@@ -156,7 +156,7 @@ def train(args: argparse.Namespace, work: Path) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt2-medium", choices=list(MODEL_PRESETS))
     p.add_argument("--block_size", type=int, default=64, help="of the training run")
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions")

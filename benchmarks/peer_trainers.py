@@ -128,7 +128,7 @@ def run_bare(args: argparse.Namespace, ds: dict, data: RandomWindows, times: lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trainer", choices=("hf", "bare"), required=True)
     p.add_argument("--ds_config", required=True, help="a resolved DeepSpeed config (JSON)")
     p.add_argument("--data_dir", required=True)

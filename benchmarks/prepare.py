@@ -187,7 +187,7 @@ def table(results: dict[str, list[Measured]]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=float, default=67.0, help="input size: Tiny Shakespeare copies")
     p.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
     p.add_argument("--work_dir", help="keep the input, the outputs and the logs here")

@@ -88,7 +88,7 @@ def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--models", nargs="+", default=["gpt2-tiny", "gpt2-mini"], choices=list(MODEL_PRESETS)
     )

@@ -9,6 +9,8 @@ import re
 import pytest
 from support.launch import run_benchmark
 
+pytestmark = pytest.mark.bench  # the benchmark smoke tests: `pytest -m bench`
+
 NUMBER = r"[\d,.]+"
 
 

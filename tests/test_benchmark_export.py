@@ -8,6 +8,8 @@ import re
 import pytest
 from support.launch import run_benchmark
 
+pytestmark = pytest.mark.bench  # the benchmark smoke tests: `pytest -m bench`
+
 ROW = re.compile(
     r"^\| (?P<tool>[^|]+?) \| (?P<median>[\d.]+) \| (?P<reps>[\d. /]+?) \| (?P<rss>[\d.]+) GiB "
     r"\| (?P<anon>[\d.]+) GiB \| (?P<x_rss>[\d.]+) / (?P<x_anon>[\d.]+) \| (?P<x_time>[\d.]+) \|$",

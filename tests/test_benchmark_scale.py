@@ -10,6 +10,8 @@ import re
 import pytest
 from support.launch import run_benchmark
 
+pytestmark = pytest.mark.bench  # the benchmark smoke tests: `pytest -m bench`
+
 RAN = re.compile(
     r"^\| gpt2-tiny \| (\d+)M \| ([\d.]+) GiB \(([\d.]+) \+ ([\d.]+)\) \| ([\d.]+) GiB \| "
     r"([\d.]+) \| ([\d.]+) GiB \| ([\d.]+) \| (fits|refuses) \| ran \|$",

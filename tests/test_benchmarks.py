@@ -8,6 +8,8 @@ import re
 import pytest
 from support.launch import run_benchmark
 
+pytestmark = pytest.mark.bench  # the benchmark smoke tests: `pytest -m bench`
+
 ROWS = [
     "gpt_ds",
     "gpt_ds --loss full",

@@ -157,3 +157,33 @@ def test_readme_layout_table_lists_every_subpackage():
     table = readme[readme.index("## Layout") : readme.index("## Development")]
     missing = [layer for layer in LAYERS if f"`gpt_ds/{layer}/`" not in table]
     assert missing == [], f"README's layout table lacks {missing}"
+
+
+def test_benchmarks_import_their_support_not_the_tests_nor_each_other():
+    scripts = {p.stem for p in (REPO / "benchmarks").glob("*.py")}
+    offenders = []
+    for path in (REPO / "benchmarks").rglob("*.py"):
+        text = path.read_text()
+        if '"tests"' in text or "'tests'" in text:
+            offenders.append(f"{path.relative_to(REPO)}: names tests/ (on sys.path?)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                top = node.module.split(".")[0]
+            elif isinstance(node, ast.Import):
+                top = node.names[0].name.split(".")[0]
+            else:
+                continue
+            if top == "helpers" or top in scripts:
+                offenders.append(f"{path.relative_to(REPO)}: imports {top}")
+    assert offenders == []
+
+
+def test_the_benchmark_group_is_exactly_the_modules_that_run_a_benchmark():
+    """`pytest -m bench` runs the scripts' smoke tests, and `-m "slow and not bench"` the rest."""
+    wrong = []
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        text = path.read_text()
+        runs_one = "run_benchmark(" in text
+        if runs_one != ("pytestmark = pytest.mark.bench" in text):
+            wrong.append(path.name)
+    assert wrong == [], f"bench marker and run_benchmark disagree in {wrong}"

@@ -23,6 +23,7 @@ from gpt_ds.run.config import parse_args as train_args
 from gpt_ds.run.plan import plan_run
 from support.launch import REPO, TRAIN, launcher_env
 from support.peak_rss import run_watched
+from support.workspace import interleaved
 
 PEERS = REPO / "benchmarks" / "peer_trainers.py"
 LR = 6e-4
@@ -125,15 +126,14 @@ def measure(setup: Setup, reps: int) -> dict[str, list[Measured]]:
     """Every row `reps` times, interleaved: rep r starts at row r (rotation)."""
     rows = setup.args.rows
     results: dict[str, list[Measured]] = {r: [] for r in rows}
-    for rep in range(reps):
-        for row in rows[rep % len(rows) :] + rows[: rep % len(rows)]:
-            out = setup.work / f"{setup.model}_z{setup.stage}_{rep}_{row.replace(' ', '_')}"
-            results[row].append(m := run_once(setup, row, out))
-            print(
-                f"  {setup.model} ZeRO-{setup.stage} rep {rep + 1}: {row:<22} "
-                f"{m.tokens_per_sec:9,.0f} tok/s  peak {m.peak_gib:.2f} GiB",
-                flush=True,
-            )
+    for rep, row in interleaved(rows, reps):
+        out = setup.work / f"{setup.model}_z{setup.stage}_{rep}_{row.replace(' ', '_')}"
+        results[row].append(m := run_once(setup, row, out))
+        print(
+            f"  {setup.model} ZeRO-{setup.stage} rep {rep + 1}: {row:<22} "
+            f"{m.tokens_per_sec:9,.0f} tok/s  peak {m.peak_gib:.2f} GiB",
+            flush=True,
+        )
     return results
 
 

@@ -1,4 +1,5 @@
-"""A benchmark's workspace: a scratch directory, and the Tiny Shakespeare data in it."""
+"""A benchmark's workspace: a scratch directory, the Tiny Shakespeare data in it, and the order
+of interleaved repetitions."""
 
 from __future__ import annotations
 
@@ -29,3 +30,11 @@ def prepare_shakespeare(work: Path) -> str:
     cmd = [sys.executable, str(tool), "--out_dir", str(out), "--quiet"]
     subprocess.run(cmd, check=True, cwd=REPO, capture_output=True)
     return str(out)
+
+
+def interleaved(rows: list[str], reps: int) -> Iterator[tuple[int, str]]:
+    """(repetition, row) for every row `reps` times, interleaved so that slow drift of the
+    machine falls on every row alike: rep r runs the rows rotated to start at row r."""
+    for rep in range(reps):
+        for row in rows[rep % len(rows) :] + rows[: rep % len(rows)]:
+            yield rep, row
