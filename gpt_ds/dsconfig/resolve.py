@@ -103,13 +103,13 @@ def resolve_ds_config(
     r.monitors()
     r.leftover_autos()
     if run.load_universal:
-        r.cfg.setdefault("checkpoint", {})["load_universal"] = True
+        r.ds_config.setdefault("checkpoint", {})["load_universal"] = True
     if not r.problems:  # each filled value must satisfy the schema like a written one
-        r.problems = [f'{p} (after filling "auto")' for p in validate_ds_config(r.cfg)]
+        r.problems = [f'{p} (after filling "auto")' for p in validate_ds_config(r.ds_config)]
     if r.problems:
         raise ConfigError(r.problems, source)
     return ResolvedDsConfig(
-        config=r.cfg,
+        config=r.ds_config,
         precision=precision,
         micro_batch_size=micro,
         grad_accum=accum,
@@ -131,23 +131,23 @@ def _same(a: Any, b: Any) -> bool:
 class _Resolver:
     """One resolution: the config being filled, with the problems and notes collected so far."""
 
-    def __init__(self, cfg: dict, run: RunSettings, source: str):
-        self.cfg, self.run, self.source = cfg, run, source
+    def __init__(self, ds_config: dict, run: RunSettings, source: str):
+        self.ds_config, self.run, self.source = ds_config, run, source
         self.problems: list[str] = []
         self.notes: list[str] = []
 
-    def pick(self, key: str, cfg_value: Any, run_field: str, default: Any = None):
+    def pick(self, key: str, ds_value: Any, run_field: str, default: Any = None):
         """The value for `key` and where it came from: the config if concrete, else the command
         line, else `default`. Concrete in both places and different: a problem."""
         run_value = getattr(self.run, run_field)
         flag = CLI_FLAGS[run_field]
-        if is_set(cfg_value):
-            if run_value is not None and not _same(cfg_value, run_value):
+        if is_set(ds_value):
+            if run_value is not None and not _same(ds_value, run_value):
                 self.problems.append(
-                    f"{key} is {cfg_value} in {self.source} but {flag} {run_value} was given; "
+                    f"{key} is {ds_value} in {self.source} but {flag} {run_value} was given; "
                     f'remove one (or set {key} to "auto")'
                 )
-            return cfg_value, self.source
+            return ds_value, self.source
         if run_value is not None:
             return run_value, flag
         return default, "default"
@@ -155,16 +155,20 @@ class _Resolver:
     # -- batch ---------------------------------------------------------------------------------
 
     def batch(self) -> tuple[int, int, int]:
-        cfg, world = self.cfg, self.run.world_size
+        ds_config, world = self.ds_config, self.run.world_size
         micro, micro_from = self.pick(
             "train_micro_batch_size_per_gpu",
-            cfg.get("train_micro_batch_size_per_gpu"),
+            ds_config.get("train_micro_batch_size_per_gpu"),
             "micro_batch_size",
         )
         accum, accum_from = self.pick(
-            "gradient_accumulation_steps", cfg.get("gradient_accumulation_steps"), "grad_accum"
+            "gradient_accumulation_steps",
+            ds_config.get("gradient_accumulation_steps"),
+            "grad_accum",
         )
-        total = cfg.get("train_batch_size") if is_set(cfg.get("train_batch_size")) else None
+        total = (
+            ds_config.get("train_batch_size") if is_set(ds_config.get("train_batch_size")) else None
+        )
 
         if total is None:
             micro = micro if micro is not None else DEFAULT_MICRO_BATCH
@@ -189,9 +193,9 @@ class _Resolver:
             micro = self._derive(total, accum, world, "gradient_accumulation_steps")
 
         micro, accum = micro or 1, accum or 1  # only None/0 after a reported problem
-        cfg["train_batch_size"] = total
-        cfg["train_micro_batch_size_per_gpu"] = micro
-        cfg["gradient_accumulation_steps"] = accum
+        ds_config["train_batch_size"] = total
+        ds_config["train_micro_batch_size_per_gpu"] = micro
+        ds_config["gradient_accumulation_steps"] = accum
         self.notes.append(
             f"batch: {micro} per rank x {accum} accumulation steps x {world} ranks "
             f"= {total} sequences per optimizer step"
@@ -217,9 +221,9 @@ class _Resolver:
     # -- precision -----------------------------------------------------------------------------
 
     def precision(self) -> str:
-        cfg = self.cfg
-        bf16 = cfg.get("bf16", {}).get("enabled")
-        fp16 = cfg.get("fp16", {}).get("enabled")
+        ds_config = self.ds_config
+        bf16 = ds_config.get("bf16", {}).get("enabled")
+        fp16 = ds_config.get("fp16", {}).get("enabled")
         forced = self.run.precision if self.run.precision not in (None, "auto") else None
 
         pinned, why = None, ""
@@ -258,16 +262,19 @@ class _Resolver:
 
         if refusal := precision_refusal(precision):  # before any rank builds a model
             self.problems.append(f"{reason}: {refusal}")
-        cfg.setdefault("bf16", {})["enabled"] = precision == "bf16"
-        cfg.setdefault("fp16", {})["enabled"] = precision == "fp16"
+        ds_config.setdefault("bf16", {})["enabled"] = precision == "bf16"
+        ds_config.setdefault("fp16", {})["enabled"] = precision == "fp16"
         self.notes.append(f"precision: {precision} ({reason})")
         return precision
 
     def grad_clip(self) -> float:
         clip, clip_from = self.pick(
-            "gradient_clipping", self.cfg.get("gradient_clipping"), "grad_clip", DEFAULT_GRAD_CLIP
+            "gradient_clipping",
+            self.ds_config.get("gradient_clipping"),
+            "grad_clip",
+            DEFAULT_GRAD_CLIP,
         )
-        self.cfg["gradient_clipping"] = clip
+        self.ds_config["gradient_clipping"] = clip
         state = "off" if clip == 0 else f"global norm {clip:g}"
         self.notes.append(f"gradient clipping: {state} ({clip_from})")
         return clip
@@ -277,7 +284,7 @@ class _Resolver:
     def zero_sizes(self) -> None:
         """ZeRO sizes set to "auto": from the model's width, as the HF Trainer sets them. The
         stage3_ ones are filled below ZeRO-3 too (DeepSpeed ignores them there)."""
-        zero = self.cfg.get("zero_optimization") or {}
+        zero = self.ds_config.get("zero_optimization") or {}
         keys = [key for key in _WIDTH_SIZES if zero.get(key) == "auto"]
         if not keys:
             return
@@ -297,7 +304,7 @@ class _Resolver:
 
     def monitors(self) -> None:
         for section, (module, package, min_version) in _MONITOR_PACKAGES.items():
-            if not self.cfg.get(section, {}).get("enabled"):
+            if not self.ds_config.get(section, {}).get("enabled"):
                 continue
             if importlib.util.find_spec(module) is None:
                 flag = {"tensorboard": "--tensorboard_dir", "wandb": "--wandb_project"}.get(section)
@@ -316,10 +323,10 @@ class _Resolver:
 
     def leftover_autos(self) -> None:
         """An "auto" the schema allows but nothing above filled (e.g. in a torch scheduler)."""
-        for where in _auto_paths(self.cfg):
+        for where in _auto_paths(self.ds_config):
             if where in _DEEPSPEED_AUTOS:
                 continue
-            section = self.cfg.get(where.split(".")[0])
+            section = self.ds_config.get(where.split(".")[0])
             kind = section.get("type") if isinstance(section, dict) else None
             of = f" for {kind}" if isinstance(kind, str) else ""
             self.problems.append(f'{where}: "auto" is not filled by gpt_ds{of}; set a value')

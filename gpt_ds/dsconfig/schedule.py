@@ -54,9 +54,9 @@ def is_set(value: Any) -> bool:
 
 def fill_optimizer_and_schedule(r: Filling) -> tuple[float, float, int]:
     """Fill the optimizer's and the scheduler's "auto"; returns (peak lr, final lr, warmup)."""
-    optimizer = r.cfg.get("optimizer")
+    optimizer = r.ds_config.get("optimizer")
     opt_params = optimizer.setdefault("params", {}) if optimizer is not None else {}
-    scheduler = r.cfg.get("scheduler")
+    scheduler = r.ds_config.get("scheduler")
     kind = scheduler["type"] if scheduler is not None else None
     params = scheduler.setdefault("params", {}) if scheduler is not None else {}
 
@@ -198,7 +198,7 @@ def _choose_adam(r: Filling, optimizer: dict) -> None:
     AdamW on CPU ranks and on GPUs where DeepSpeed's FusedAdam could not be built."""
     if optimizer.get("type", "").lower() not in ("adam", "adamw"):
         return
-    offload = r.cfg.get("zero_optimization", {}).get("offload_optimizer") or {}
+    offload = r.ds_config.get("zero_optimization", {}).get("offload_optimizer") or {}
     facts = adam_facts(offload=offload.get("device", "none") != "none")
     choice = choose_adam(facts, optimizer["params"])
     optimizer["params"].update(choice.params)
