@@ -80,6 +80,11 @@ class RunConfig:
         "torch.compile the model through the DeepSpeed engine (the first iteration compiles; "
         "runs eager, saying why, where it cannot compile).",
     )
+    profile: bool = option(
+        False,
+        "torch.profiler over 3 training steps after 2 of warm-up: each rank's Chrome/Perfetto "
+        "trace in OUT_DIR/profile/, the top operators by self time printed (rank 0).",
+    )
     precision: str = option(
         "auto", "auto (bf16 where supported, fp16 on older GPUs, else fp32), bf16, fp16 or fp32."
     )

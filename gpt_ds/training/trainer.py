@@ -33,6 +33,7 @@ from gpt_ds.observe import startup
 from gpt_ds.observe.metrics import MetricsLogger, RunFacts, peak_memory_gib, rewind
 from gpt_ds.observe.monitoring import EngineMonitor
 from gpt_ds.observe.peak_flops import resolve_peak
+from gpt_ds.observe.profile import StepProfiler
 from gpt_ds.observe.rss import release_freed_blocks, wants_release
 from gpt_ds.run.plan import RunPlan
 from gpt_ds.training.early_stop import EarlyStop
@@ -86,6 +87,7 @@ class Trainer:
         self.tokens_seen = 0  # trained on so far, all ranks (in checkpoints and records)
         self.early_stop = EarlyStop(plan.cfg.early_stop_patience, plan.cfg.early_stop_min_delta)
         self.patience_ran_out = False  # the latest evaluation ends the run (--early_stop_patience)
+        self.profiler: StepProfiler | None = None  # --profile's window, once the loop starts
 
     @property
     def tokens_per_iter(self) -> int:
@@ -103,6 +105,8 @@ class Trainer:
             return self._run()
         finally:
             self.stop_request.close()
+            if self.profiler is not None:
+                self.profiler.close()
             if self.monitor is not None:
                 self.monitor.close()
 
@@ -128,9 +132,11 @@ class Trainer:
             self.evaluate(0)  # where the given weights start: the baseline of a fine-tune
         self.engine.train()
         first = self.iteration + 1
+        self.profiler = StepProfiler(self.cfg.out_dir, first, self.cfg.max_iters, self.cfg.profile)
         for it in range(first, self.cfg.max_iters + 1):
             t0 = time.perf_counter()
-            stop_requested = self.train_step(it)
+            with self.profiler.step(it):
+                stop_requested = self.train_step(it)
             if it == first:
                 self._first_step_report(time.perf_counter() - t0)
             if self.after_step(it, stop_requested):
