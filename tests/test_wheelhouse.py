@@ -1,0 +1,164 @@
+"""launchers/wheelhouse.sh: every wheel gpt_ds needs beyond torch, installed on a "node" with
+no index at all; and gpt_ds/launch/wheelhouse.py's choice of packages from pip's report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.launch import REPO, run_checked
+
+from gpt_ds.launch.wheelhouse import canonical, freeze_names, needed, target_env
+
+SCRIPT = REPO / "launchers" / "wheelhouse.sh"
+MAX_MIB_BESIDE_TORCH_NUMPY_TRANSFORMERS = 64
+
+
+def item(name: str, version: str, *requires: str, requested: bool = False) -> dict:
+    meta = {"name": name, "version": version, "requires_dist": list(requires)}
+    return {"metadata": meta, "requested": requested}
+
+
+REPORT = {
+    "install": [
+        item(
+            "gpt_ds",
+            "0.1",
+            "torch>=2",
+            "Deep_Speed>=0.19",
+            "tqdm",
+            'pytest; extra == "dev"',
+            'old-shim; python_version < "3.9"',
+            requested=True,
+        ),  # fmt: skip
+        item("torch", "2.13", "filelock", "sympy", "nvidia-nccl; platform_system == 'Linux'"),
+        item("Deep_Speed", "0.19", "torch", "filelock", "hjson"),
+        item("tqdm", "4"),
+        item("pytest", "9", "pluggy"),
+        item("pluggy", "1"),
+        item("filelock", "3"),
+        item("sympy", "1", "mpmath"),
+        item("mpmath", "1"),
+        item("nvidia-nccl", "2"),
+        item("hjson", "3"),
+        item("old-shim", "1"),
+    ]
+}
+
+
+def names(found: list[tuple[str, str]]) -> list[str]:
+    return [canonical(n) for n, _ in found]
+
+
+def test_torch_and_what_only_torch_needs_stay_out():
+    found = names(needed(REPORT, set(), {"torch"}, target_env(None)))
+    assert found[0] == "gpt-ds"
+    assert set(found) == {"gpt-ds", "deep-speed", "tqdm", "filelock", "hjson"}  # filelock: shared
+
+
+def test_extras_and_markers_are_the_targets():
+    with_dev = names(needed(REPORT, {"dev"}, {"torch"}, target_env(None)))
+    assert {"pytest", "pluggy"} <= set(with_dev)
+    old_python = names(needed(REPORT, set(), {"torch"}, target_env("3.8")))
+    assert "old-shim" in old_python and "old-shim" not in with_dev
+
+
+def test_what_the_target_has_is_left_out():
+    have = freeze_names("tqdm==4.1\n# a comment\nHJSON @ file:///x.whl\n-e git+https://x#egg=y\n")
+    assert have == {"tqdm", "hjson"}
+    found = names(needed(REPORT, set(), {"torch"} | have, target_env(None)))
+    assert set(found) == {"gpt-ds", "deep-speed", "filelock"}
+
+
+def wheelhouse(*args, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), *map(str, args)], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert not check or proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_bad_arguments_are_refused_before_any_work(tmp_path):
+    assert "wheelhouse.sh DIR" in wheelhouse(check=False).stderr
+    missing = wheelhouse(tmp_path / "wh", "--have", tmp_path / "none.txt", check=False)
+    assert missing.returncode == 2 and "none.txt: no such file" in missing.stderr
+    assert not (tmp_path / "wh").exists()
+
+
+@pytest.fixture(scope="module")
+def house(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheelhouse") / "wheels"
+    wheelhouse(out)
+    return out
+
+
+def wheel_names(folder: Path) -> set[str]:
+    return {canonical(p.name.split("-")[0]) for p in folder.glob("*.whl")}
+
+
+@pytest.mark.slow
+def test_a_node_with_torch_and_no_index_installs_and_trains_from_it(house, tmp_path):
+    assert {"gpt-ds", "deepspeed", "transformers", "numpy"} <= wheel_names(house)
+    assert "torch" not in wheel_names(house) and not any(
+        n.startswith("nvidia") for n in wheel_names(house)
+    )
+    venv = tmp_path / "node"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))}
+    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet"]
+    run_checked([*pip, "torch==2.13.0"], tmp_path, env, timeout=600)  # the node's own torch
+    # --isolated: no pip config, no PIP_* variable (this machine's find-links), no index
+    run_checked([*pip, "--isolated", "--no-index", "--find-links", house, "gpt_ds"], tmp_path, env)
+    python = venv / "bin" / "python"
+    where = run_checked(
+        [python, "-c", "import gpt_ds, deepspeed; print(gpt_ds.__file__)"], tmp_path, env
+    )
+    assert str(venv) in where and str(REPO) not in where
+    run_checked([venv / "bin" / "gpt-ds-prepare", "--out_dir", tmp_path / "data"], tmp_path, env)
+    args = ["--data_dir", tmp_path / "data", "--out_dir", tmp_path / "out", "--model", "gpt2-tiny",
+            "--block_size", 64, "--deepspeed_config", "zero2", "--dry_run"]  # fmt: skip
+    out = run_checked([python, "-m", "gpt_ds.train", *args], tmp_path, env)
+    assert "dry run: model and engine built on every rank" in out
+
+
+@pytest.mark.slow
+def test_beside_torch_numpy_and_transformers_it_is_small(tmp_path):
+    """The wheelhouse for a target that has torch, numpy and transformers (and what they pull
+    in, as pip itself resolves them) stays under 64 MiB."""
+    report = tmp_path / "target.json"
+    run_checked(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            report,
+            "torch==2.13.0",
+            "numpy",
+            "transformers",
+        ],  # fmt: skip
+        tmp_path,
+        dict(os.environ),
+        timeout=600,
+    )
+    have = tmp_path / "freeze.txt"
+    installs = json.loads(report.read_text())["install"]
+    have.write_text(
+        "".join(f"{i['metadata']['name']}=={i['metadata']['version']}\n" for i in installs)
+    )
+    out = tmp_path / "wheels"
+    wheelhouse(out, "--have", have)
+    mib = sum(p.stat().st_size for p in out.glob("*.whl")) / 2**20
+    assert mib < MAX_MIB_BESIDE_TORCH_NUMPY_TRANSFORMERS, mib
+    assert {"gpt-ds", "deepspeed"} <= wheel_names(out)
+    assert not {"numpy", "transformers", "tokenizers", "torch"} & wheel_names(out)
