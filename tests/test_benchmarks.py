@@ -3,10 +3,11 @@ asserts a speed, only that every row ran and the table is complete and consisten
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
-from support.launch import run_benchmark
+from support.launch import REPO, run_benchmark, run_python
 
 pytestmark = pytest.mark.bench  # the benchmark smoke tests: `pytest -m bench`
 
@@ -44,3 +45,20 @@ def test_throughput_benchmark_prints_every_row(shakespeare_dir, tmp_path):
         assert float(x_tps) > 0 and float(x_mem) > 0
     hf = next(r for r in rows if r[0] == "HF Trainer")
     assert hf[3] == "1.00" and hf[4] == "1.00"  # the reference row
+
+
+@pytest.mark.slow
+def test_gpu_check_without_a_gpu_reports_the_machine_and_exits_0(tmp_path):
+    """The no-GPU branch (conftest hides GPUs): the environment as the trainer decides it,
+    written as markdown and JSON, and nothing launched."""
+    import torch
+
+    out = tmp_path / "check"
+    proc = run_python([str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(out)])
+    assert "No GPU usable here" in proc.stdout
+    env = json.loads((out / "gpu_check.json").read_text())["environment"]
+    assert env["usable_gpu"] is False and env["gpus"] == [] and env["torch"] == torch.__version__
+    assert env["precision"].split(":")[0] in ("bf16", "fp32")  # CPU ranks: by the CPU's flags
+    assert env["optimizer"].startswith("optimizer: torch AdamW")
+    assert "| deepspeed |" in (out / "gpu_check.md").read_text()
+    assert not (out / "logs").exists()

@@ -1,0 +1,153 @@
+"""One command for a GPU machine: what gpt_ds runs on there, whether its GPU tests pass, and
+how fast it trains against its peers, written as markdown and JSON into a folder.
+
+    python benchmarks/gpu_check.py --out gpu_check/       # after launchers/setup_env.sh
+
+Steps (each a process of its own, with a time limit, its output kept in OUT/logs/):
+- the environment: GPUs, driver, CUDA/ROCm, versions, nvcc, and the precision and Adam(W)
+  a run would pick here, with the reasons the trainer prints;
+- `pytest -m gpu`, the suite's GPU subset: its summary line;
+- throughput on one GPU (benchmarks/throughput.py): GPT-2 124M at block 1024 in bf16 (fp16
+  where bf16 is absent), gpt_ds with its defaults and with each speed-up toggled, the HF
+  Trainer with the same DeepSpeed config and a bare DeepSpeed loop; tokens/s and MFU;
+- gpt2-xl under ZeRO-3 on that GPU: start-up and three steps, the trainer's own predicted and
+  measured memory lines and its step times.
+Without a GPU it writes the environment, says so and exits 0. Not yet run on a GPU: the first
+machine that runs it is the first check of its GPU steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
+
+from support.launch import TRAIN, launch_env  # noqa: E402
+from support.workspace import prepare_shakespeare  # noqa: E402
+
+THROUGHPUT_ROWS = [
+    "gpt_ds",
+    "gpt_ds --compile",
+    "gpt_ds --loss full",
+    "gpt_ds --vocab_multiple 1",
+    "HF Trainer",
+    "bare DeepSpeed loop",
+]
+STEP_LIMIT_S = {"gpu tests": 300, "throughput": 600, "gpt2-xl zero3": 300}
+
+
+def environment() -> dict:
+    """What decides how gpt_ds runs here, as the trainer itself decides it."""
+    import deepspeed
+    import torch
+    import transformers
+
+    from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam, nvcc_version
+    from gpt_ds.dsconfig.precision import detect_precision
+    from gpt_ds.launch.gpu_support import GpuFacts, gather_facts, gpu_problems
+
+    facts = GpuFacts.from_probe(gather_facts())
+    precision, why = detect_precision()
+    nvcc = shutil.which("nvcc")
+    return {
+        "gpus": [f"{d.name} ({d.arch})" for d in facts.devices],
+        "driver": facts.driver,
+        "cuda": facts.cuda,
+        "rocm": facts.hip,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__,
+        "transformers": transformers.__version__,
+        "nvcc": f"{nvcc} ({nvcc_version(Path(nvcc))})" if nvcc else None,
+        "precision": f"{precision}: {why}",
+        "optimizer": choose_adam(adam_facts(offload=False), {}).note,
+        "problems": gpu_problems(facts),
+        "usable_gpu": facts.cuda_available and bool(facts.devices),
+    }
+
+
+def run_step(name: str, cmd: list[str], out: Path) -> dict:
+    """Run one step as a process; its output to OUT/logs/NAME.log, its last lines returned."""
+    log = out / "logs" / f"{name.replace(' ', '_')}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True,
+            timeout=STEP_LIMIT_S[name],
+        )  # fmt: skip
+        rc, text = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, text = 124, f"{exc.stdout or ''}{exc.stderr or ''}\n(stopped after {exc.timeout} s)"
+    log.write_text(text if isinstance(text, str) else text.decode(errors="replace"))
+    seconds = time.perf_counter() - start
+    print(f"{name}: rc {rc} in {seconds:.0f} s (log: {log})", flush=True)
+    return {"rc": rc, "seconds": round(seconds, 1), "log": str(log), "text": str(text)}
+
+
+def gpu_steps(args: argparse.Namespace, env: dict, out: Path) -> dict:
+    """The GPU subset of the suite, the throughput table and gpt2-xl under ZeRO-3."""
+    python, data = sys.executable, prepare_shakespeare(out / "data")
+    precision = "bf16" if env["precision"].startswith("bf16") else "fp16"
+    results = {"gpu tests": run_step("gpu tests", [python, "-m", "pytest", "-m", "gpu", "-q"], out)}
+    results["gpu tests"]["summary"] = results["gpu tests"]["text"].strip().splitlines()[-1:]
+    throughput = [python, str(REPO / "benchmarks" / "throughput.py"), "--models", "gpt2"]
+    throughput += ["--stages", "2", "--ranks", "1", "--block_size", "1024"]
+    throughput += ["--precision", precision, "--micro_batch_size", str(args.micro_batch_size)]
+    throughput += ["--grad_accum", "1", "--steps", "30", "--warmup", "10", "--reps", "2"]
+    throughput += ["--data_dir", str(data), "--rows", *THROUGHPUT_ROWS]
+    results["throughput"] = run_step("throughput", throughput, out)
+    xl = [str(Path(python).parent / "deepspeed"), "--num_gpus", "1", str(TRAIN)]
+    xl += ["--model", "gpt2-xl", "--deepspeed_config", "zero3", "--block_size", "1024"]
+    xl += ["--micro_batch_size", "1", "--grad_accum", "1", "--max_iters", "3"]
+    xl += ["--eval_interval", "0", "--no_checkpoint", "--log_interval", "1"]
+    xl += ["--data_dir", str(data), "--out_dir", str(out / "gpt2-xl")]
+    results["gpt2-xl zero3"] = run_step("gpt2-xl zero3", xl, out)
+    return results
+
+
+def report(env: dict, results: dict) -> str:
+    """The markdown: the environment table, then each step's outcome and its key lines."""
+    lines = ["# gpt_ds GPU check", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v if v not in (None, []) else '-'} |" for k, v in env.items()]
+    if not env["usable_gpu"]:
+        lines += ["", "No GPU usable here: nothing else to run (exit 0)."]
+    for name, res in results.items():
+        lines += ["", f"## {name}: rc {res['rc']} in {res['seconds']} s (log: {res['log']})", ""]
+        lines += [ln for ln in res["text"].splitlines() if _key_line(ln)][-40:]
+    return "\n".join(lines) + "\n"
+
+
+def _key_line(line: str) -> bool:
+    """A table row, a summary, or the trainer's memory and step lines."""
+    words = ("passed", "failed", "predicted", "peak memory", "iter ")
+    return line.startswith(("|", "**")) or any(w in line for w in words)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("gpu_check"), help="folder for the results")
+    p.add_argument(
+        "--micro_batch_size", type=int, default=8, help="throughput rows' micro-batch (gpt2)"
+    )
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    results = gpu_steps(args, env, args.out) if env["usable_gpu"] else {}
+    text = report(env, results)
+    (args.out / "gpu_check.md").write_text(text)
+    slim = {k: {kk: vv for kk, vv in v.items() if kk != "text"} for k, v in results.items()}
+    (args.out / "gpu_check.json").write_text(json.dumps({"environment": env, **slim}, indent=1))
+    print(text)
+    return 0 if all(r["rc"] == 0 for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
