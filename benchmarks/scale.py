@@ -20,18 +20,16 @@ A launch that fails or is OOM-killed gives a row saying so (rc, last lines), not
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
-from support.launch import TRAIN, launcher_env  # noqa: E402
+from support.launch import TRAIN, planned  # noqa: E402
 from support.peak_rss import run_watched  # noqa: E402
 from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
@@ -40,8 +38,6 @@ from gpt_ds.memory import GiB, MemoryEstimate  # noqa: E402
 from gpt_ds.memory.guard import check_fits, device_memory_bytes, node_ram_bytes  # noqa: E402
 from gpt_ds.model.gpt2 import MODEL_PRESETS  # noqa: E402
 from gpt_ds.observe.metrics import read_metrics  # noqa: E402
-from gpt_ds.run.config import parse_args as train_args  # noqa: E402
-from gpt_ds.run.plan import plan_run  # noqa: E402
 
 # "rank 0 3.10 (2.61) GiB": the peak after start-up and the part that came with the model
 STARTUP = re.compile(r"rank (\d+) ([\d.]+) \(([-\d.]+)\) GiB")
@@ -87,8 +83,7 @@ def predict(argv: list[str], ranks: int) -> Prediction:
     """The estimate the trainer prints for these flags (its own planning chain, in the world the
     launch gives it), and whether its guard would start the run. The plan's out dir is a scratch
     directory: plan_run creates it, and a row that is not launched leaves no directory."""
-    with tempfile.TemporaryDirectory() as scratch, launcher_env(ranks):
-        est = plan_run(dataclasses.replace(train_args(argv), out_dir=scratch)).estimate
+    est = planned(argv, ranks).estimate
     try:
         # the host: this machine's RAM, or its cgroup limit where lower (as the trainer checks)
         check_fits(est, ranks_per_node=ranks, device_bytes=device_memory_bytes(0))

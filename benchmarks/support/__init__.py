@@ -1,8 +1,8 @@
 """Support code for the benchmarks and the tests; no benchmark and no test here.
 
 - `launch`: start real DeepSpeed runs (free ports, the ranks' environment, /dev/shm cleanup),
-  the arguments of a tiny CPU run, and `launcher_env` (a launch's world, for planning a run in
-  this process).
+  the arguments of a tiny CPU run, and `planned` (the trainer's plan for a launch's flags, in
+  the world that launch gives it).
 - `runs`: what a run left behind: losses by iteration, consolidated weights.
 - `faults`: a run in the background that a test or the fault drill can kill, signal and watch.
 - `workspace`: a benchmark's scratch directory and the Tiny Shakespeare data in it.

@@ -4,7 +4,7 @@ leaked /dev/shm.
 Every test that starts ranks goes through `run_deepspeed` (or `run_python` for one process) so
 that each launch uses its own port and its shared-memory buffers are removed afterwards, even
 when a rank was killed. `tiny_run_args` gives the arguments of a small, fast CPU run;
-`launcher_env` the world a launch would give, for planning a run in this process.
+`planned` the trainer's plan for a launch's flags, planned in this process.
 """
 
 from __future__ import annotations
@@ -43,8 +43,22 @@ def launch_env() -> dict[str, str]:
     return env
 
 
+def planned(argv: list[str], ranks: int):
+    """gpt_ds's own plan (gpt_ds.run.plan.plan_run) for these `gpt_ds/train.py` flags, in the
+    world `deepspeed --num_gpus RANKS` gives it: what a benchmark predicts or hands its peers.
+    The plan's out dir is a scratch directory (plan_run creates it): the launches' stay new."""
+    import dataclasses
+    import tempfile
+
+    from gpt_ds.run.config import parse_args
+    from gpt_ds.run.plan import plan_run
+
+    with tempfile.TemporaryDirectory() as scratch, _launcher_env(ranks):
+        return plan_run(dataclasses.replace(parse_args(argv), out_dir=scratch))
+
+
 @contextlib.contextmanager
-def launcher_env(ranks: int) -> Iterator[None]:
+def _launcher_env(ranks: int) -> Iterator[None]:
     """WORLD_SIZE / LOCAL_WORLD_SIZE as `deepspeed --num_gpus RANKS` sets them, for a run planned
     in this process (gpt_ds.run.plan.plan_run reads them before any process group exists)."""
     saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")}

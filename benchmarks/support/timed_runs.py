@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,9 +18,7 @@ import torch
 
 from gpt_ds.model.gpt2 import ModelShape
 from gpt_ds.observe.metrics import read_metrics
-from gpt_ds.run.config import parse_args as train_args
-from gpt_ds.run.plan import plan_run
-from support.launch import REPO, TRAIN, launcher_env
+from support.launch import REPO, TRAIN, planned
 from support.peak_rss import run_watched
 from support.workspace import interleaved
 
@@ -56,12 +53,9 @@ class Setup:
 
     def resolved_config(self) -> dict:
         """The DeepSpeed config the gpt_ds row runs with, from the trainer's own planning chain
-        on that row's flags: what the peers get, verbatim. The plan's out dir (plan_run checks
-        that it can write there) is a scratch directory, so the launches' own stay new."""
-        with tempfile.TemporaryDirectory(dir=self.work) as scratch:
-            argv = launch_command(self, "gpt_ds", Path(scratch))[1:]  # the flags, not the script
-            with launcher_env(self.args.ranks):
-                return plan_run(train_args(argv)).ds.config
+        on that row's flags: what the peers get, verbatim."""
+        argv = launch_command(self, "gpt_ds", self.work / "plan")[1:]  # the flags, not the script
+        return planned(argv, self.args.ranks).ds.config
 
     @property
     def tokens_per_step(self) -> int:
