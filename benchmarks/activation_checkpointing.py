@@ -49,6 +49,8 @@ def predicted_mib(setup: Setup, checkpointing: bool) -> float:
 
 def table_rows(setup: Setup, results: dict[str, list[Measured]]) -> list[str]:
     """Two markdown rows (off, on) of one ZeRO stage."""
+    if not all(results.values()):
+        raise SystemExit("a launch failed (its error is above): no table")
     med = {
         row: (
             statistics.median(m.tokens_per_sec for m in ms),

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,11 +39,13 @@ THROUGHPUT_ROWS = [
     "gpt_ds",
     "gpt_ds --compile",
     "gpt_ds --loss full",
+    "gpt_ds unfused AdamW",
     "gpt_ds --vocab_multiple 1",
     "HF Trainer",
     "bare DeepSpeed loop",
 ]
-STEP_LIMIT_S = {"gpu tests": 300, "throughput": 600, "gpt2-xl zero3": 300}
+# each step's time limit (seconds), in the order they run; --limit STEP=SECONDS changes one
+STEP_LIMIT_S = {"gpu tests": 300, "gpt2-xl zero3": 300, "throughput": 600}
 
 
 def environment() -> dict:
@@ -73,44 +78,69 @@ def environment() -> dict:
     }
 
 
-def run_step(name: str, cmd: list[str], out: Path) -> dict:
-    """Run one step as a process; its output to OUT/logs/NAME.log, its last lines returned."""
+def run_step(name: str, cmd: list[str], out: Path, limit_s: float) -> dict:
+    """Run one step as a process group (its ranks too, stopped together at the limit); its
+    output to OUT/logs/NAME.log, its text returned."""
     log = out / "logs" / f"{name.replace(' ', '_')}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True,
-            timeout=STEP_LIMIT_S[name],
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=launch_env(), stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
-        rc, text = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, text = 124, f"{exc.stdout or ''}{exc.stderr or ''}\n(stopped after {exc.timeout} s)"
-    log.write_text(text if isinstance(text, str) else text.decode(errors="replace"))
+        try:
+            rc = proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = 124
+            sink.write(f"\n(stopped after {limit_s:.0f} s)\n")
     seconds = time.perf_counter() - start
     print(f"{name}: rc {rc} in {seconds:.0f} s (log: {log})", flush=True)
-    return {"rc": rc, "seconds": round(seconds, 1), "log": str(log), "text": str(text)}
+    text = log.read_text(errors="replace")
+    return {"rc": rc, "seconds": round(seconds, 1), "log": str(log), "text": text}
 
 
-def gpu_steps(args: argparse.Namespace, env: dict, out: Path) -> dict:
-    """The GPU subset of the suite, the throughput table and gpt2-xl under ZeRO-3."""
-    python, data = sys.executable, prepare_shakespeare(out / "data")
+def gpu_steps(args: argparse.Namespace, env: dict, out: Path, work: Path) -> dict:
+    """The GPU subset of the suite, gpt2-xl under ZeRO-3 and the throughput table; the data
+    and the runs' output in `work`, the logs in `out`."""
+    python, data = sys.executable, prepare_shakespeare(work / "data")
     precision = "bf16" if env["precision"].startswith("bf16") else "fp16"
-    results = {"gpu tests": run_step("gpu tests", [python, "-m", "pytest", "-m", "gpu", "-q"], out)}
-    results["gpu tests"]["summary"] = results["gpu tests"]["text"].strip().splitlines()[-1:]
-    throughput = [python, str(REPO / "benchmarks" / "throughput.py"), "--models", "gpt2"]
-    throughput += ["--stages", "2", "--ranks", "1", "--block_size", "1024"]
-    throughput += ["--precision", precision, "--micro_batch_size", str(args.micro_batch_size)]
-    throughput += ["--grad_accum", "1", "--steps", "30", "--warmup", "10", "--reps", "2"]
-    throughput += ["--data_dir", str(data), "--rows", *THROUGHPUT_ROWS]
-    results["throughput"] = run_step("throughput", throughput, out)
+    commands = {
+        "gpu tests": [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
+        "gpt2-xl zero3": xl_command(python, data, work / "gpt2-xl"),
+        "throughput": throughput_command(args, python, data, precision, work),
+    }
+    results = {}
+    for name, cmd in commands.items():
+        if name in args.skip:
+            continue
+        results[name] = run_step(name, cmd, out, args.limits[name])
+        if name == "gpu tests":
+            results[name]["summary"] = results[name]["text"].strip().splitlines()[-1:]
+    return results
+
+
+def xl_command(python: str, data: Path, out_dir: Path) -> list[str]:
+    """gpt2-xl under ZeRO-3 on one GPU: start-up and three steps, no eval, no checkpoint."""
     xl = [str(Path(python).parent / "deepspeed"), "--num_gpus", "1", str(TRAIN)]
     xl += ["--model", "gpt2-xl", "--deepspeed_config", "zero3", "--block_size", "1024"]
     xl += ["--micro_batch_size", "1", "--grad_accum", "1", "--max_iters", "3"]
     xl += ["--eval_interval", "0", "--no_checkpoint", "--log_interval", "1"]
-    xl += ["--data_dir", str(data), "--out_dir", str(out / "gpt2-xl")]
-    results["gpt2-xl zero3"] = run_step("gpt2-xl zero3", xl, out)
-    return results
+    return xl + ["--data_dir", str(data), "--out_dir", str(out_dir)]
+
+
+def throughput_command(
+    args: argparse.Namespace, python: str, data: Path, precision: str, work: Path
+) -> list[str]:
+    """benchmarks/throughput.py on one GPU: gpt2 at block 1024, every row of args.rows."""
+    cmd = [python, str(REPO / "benchmarks" / "throughput.py"), "--models", "gpt2"]
+    cmd += ["--stages", "2", "--ranks", "1", "--block_size", "1024"]
+    cmd += ["--precision", precision, "--micro_batch_size", str(args.micro_batch_size)]
+    cmd += ["--grad_accum", "1", "--steps", str(args.steps), "--warmup", str(args.steps // 3)]
+    cmd += ["--reps", str(args.reps), "--data_dir", str(data), "--rows", *args.rows]
+    return cmd + ["--work_dir", str(work / "throughput")]
 
 
 def report(env: dict, results: dict) -> str:
@@ -131,16 +161,43 @@ def _key_line(line: str) -> bool:
     return line.startswith(("|", "**")) or any(w in line for w in words)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("gpu_check"), help="folder for the results")
     p.add_argument(
+        "--work_dir", type=Path, help="the runs' data and output (default: a temporary folder)"
+    )
+    p.add_argument(
         "--micro_batch_size", type=int, default=8, help="throughput rows' micro-batch (gpt2)"
     )
+    p.add_argument("--steps", type=int, default=30, help="throughput steps a launch (1/3 warm-up)")
+    p.add_argument("--reps", type=int, default=2, help="throughput's interleaved repetitions")
+    p.add_argument("--rows", nargs="+", default=THROUGHPUT_ROWS, metavar="ROW",
+                   help="throughput rows (default: %(default)s)")  # fmt: skip
+    p.add_argument("--skip", nargs="+", default=[], choices=list(STEP_LIMIT_S), metavar="STEP",
+                   help=f"steps not to run: {', '.join(map(repr, STEP_LIMIT_S))}")  # fmt: skip
+    p.add_argument("--limit", action="append", default=[], metavar="STEP=SECONDS",
+                   help=f"a step's time limit (default: {STEP_LIMIT_S})")  # fmt: skip
     args = p.parse_args(argv)
+    args.limits = dict(STEP_LIMIT_S)
+    for item in args.limit:
+        name, _, seconds = item.rpartition("=")
+        if name not in STEP_LIMIT_S or not seconds.isdigit():
+            p.error(f"--limit {item}: expected STEP=SECONDS with STEP one of {list(STEP_LIMIT_S)}")
+        args.limits[name] = int(seconds)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment()
-    results = gpu_steps(args, env, args.out) if env["usable_gpu"] else {}
+    print(json.dumps(env, indent=1), flush=True)
+    results = {}
+    if env["usable_gpu"]:
+        with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
+            work = args.work_dir or Path(scratch)
+            results = gpu_steps(args, env, args.out, work)
     text = report(env, results)
     (args.out / "gpu_check.md").write_text(text)
     slim = {k: {kk: vv for kk, vv in v.items() if kk != "text"} for k, v in results.items()}

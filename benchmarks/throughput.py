@@ -61,6 +61,7 @@ def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
             statistics.median(m.peak_gib for m in ms),
         )
         for r, ms in results.items()
+        if ms
     }
     ref_tps, ref_mem = med.get(REFERENCE, (float("nan"), float("nan")))
     peak, _ = resolve_peak(None)
@@ -74,6 +75,9 @@ def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
         "|---|---:|---|---:|---:|---:|" + ("---:|" if peak else ""),
     ]
     for row, ms in results.items():
+        if not ms:
+            lines.append(f"| {row} | failed (its error is above) | | | | |")
+            continue
         tps, gib = med[row]
         reps = " / ".join(f"{m.tokens_per_sec:,.0f}" for m in ms)
         line = (

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.model.gpt2 import ModelShape
 from gpt_ds.observe.metrics import read_metrics
 from support.launch import REPO, TRAIN, planned
@@ -30,6 +31,8 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "gpt_ds --loss full": ("gpt_ds", ["--loss", "full"]),
     "gpt_ds --vocab_multiple 1": ("gpt_ds", ["--vocab_multiple", "1"]),
     "gpt_ds --compile": ("gpt_ds", ["--compile"]),
+    # the preset with torch's AdamW, neither fused nor DeepSpeed's FusedAdam (Setup writes it)
+    "gpt_ds unfused AdamW": ("gpt_ds", ["--deepspeed_config", "{unfused_preset}"]),
     "gpt_ds --activation_checkpointing": ("gpt_ds", ["--activation_checkpointing"]),
     "HF Trainer": ("peer", ["--trainer", "hf"]),
     "bare DeepSpeed loop": ("peer", ["--trainer", "bare"]),
@@ -46,10 +49,15 @@ class Setup:
     args: argparse.Namespace
     work: Path
     ds_file: Path = field(init=False)
+    unfused_preset: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.ds_file = self.work / f"{self.model}_zero{self.stage}.json"
         self.ds_file.write_text(json.dumps(self.resolved_config(), indent=1))
+        self.unfused_preset = self.work / f"zero{self.stage}_unfused_adamw.json"
+        preset = load_ds_config(preset_path(f"zero{self.stage}"))
+        preset["optimizer"]["params"].update(torch_adam=True, fused=False, foreach=False)
+        self.unfused_preset.write_text(json.dumps(preset, indent=1))
 
     def resolved_config(self) -> dict:
         """The DeepSpeed config the gpt_ds row runs with, from the trainer's own planning chain
@@ -61,6 +69,10 @@ class Setup:
     def tokens_per_step(self) -> int:
         a = self.args
         return a.ranks * a.micro_batch_size * a.grad_accum * self.shape.block_size
+
+
+class RowFailed(Exception):
+    """A launch that failed or timed no steps: the table marks the row, the others run."""
 
 
 @dataclass
@@ -81,7 +93,8 @@ def launch_command(setup: Setup, row: str, out: Path) -> list[str]:
         rest += ["--micro_batch_size", a.micro_batch_size, "--grad_accum", a.grad_accum]
         rest += ["--max_iters", a.steps, "--lr", LR, "--precision", a.precision]
         rest += ["--eval_interval", 0, "--no_checkpoint", "--log_interval", 1]
-        rest += ["--data_dir", a.data_dir, "--out_dir", out, *flags]
+        rest += ["--data_dir", a.data_dir, "--out_dir", out]
+        rest += [str(f).format(unfused_preset=setup.unfused_preset) for f in flags]
     else:
         script = PEERS
         rest = [*flags, "--ds_config", setup.ds_file, "--data_dir", a.data_dir, *size]
@@ -95,11 +108,11 @@ def run_once(setup: Setup, row: str, out: Path) -> Measured:
     run = run_watched(setup.args.ranks, launch_command(setup, row, out), out / "log.txt")
     if run.rc != 0:
         tail = (out / "log.txt").read_text()[-4000:]
-        raise SystemExit(f"{row} failed (rc {run.rc}): {' '.join(run.cmd)}\n{tail}")
+        raise RowFailed(f"{row} failed (rc {run.rc}): {' '.join(run.cmd)}\n{tail}")
     times, gpu_peak = step_times(ROWS[row][0], out)
     warm = setup.args.warmup
     if len(times) != setup.args.steps:
-        raise SystemExit(f"{row}: {len(times)} step times for {setup.args.steps} steps ({out})")
+        raise RowFailed(f"{row}: {len(times)} step times for {setup.args.steps} steps ({out})")
     seconds = times[-1] - times[warm - 1]
     tps = (len(times) - warm) * setup.tokens_per_step / seconds
     peak = gpu_peak if gpu_peak is not None else run.peak_bytes / 2**30
@@ -122,7 +135,12 @@ def measure(setup: Setup, reps: int) -> dict[str, list[Measured]]:
     results: dict[str, list[Measured]] = {r: [] for r in rows}
     for rep, row in interleaved(rows, reps):
         out = setup.work / f"{setup.model}_z{setup.stage}_{rep}_{row.replace(' ', '_')}"
-        results[row].append(m := run_once(setup, row, out))
+        try:
+            m = run_once(setup, row, out)
+        except RowFailed as exc:  # the other rows still run: one table, the failure named
+            print(f"  {setup.model} ZeRO-{setup.stage} rep {rep + 1}: {exc}", flush=True)
+            continue
+        results[row].append(m)
         print(
             f"  {setup.model} ZeRO-{setup.stage} rep {rep + 1}: {row:<22} "
             f"{m.tokens_per_sec:9,.0f} tok/s  peak {m.peak_gib:.2f} GiB",
