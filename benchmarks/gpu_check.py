@@ -190,6 +190,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # every step and tool it launches imports this checkout's gpt_ds, installed or not
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.getenv("PYTHONPATH")]))
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment()
     print(json.dumps(env, indent=1), flush=True)

@@ -15,6 +15,7 @@ ROWS = [
     "gpt_ds",
     "gpt_ds --loss full",
     "gpt_ds --vocab_multiple 1",
+    "gpt_ds unfused AdamW",
     "HF Trainer",
     "bare DeepSpeed loop",
 ]
@@ -45,6 +46,8 @@ def test_throughput_benchmark_prints_every_row(shakespeare_dir, tmp_path):
         assert float(x_tps) > 0 and float(x_mem) > 0
     hf = next(r for r in rows if r[0] == "HF Trainer")
     assert hf[3] == "1.00" and hf[4] == "1.00"  # the reference row
+    unfused = next(tmp_path.glob("*unfused_AdamW/log.txt")).read_text()
+    assert "optimizer: torch AdamW (torch_adam set in the config)" in unfused
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ K = 6  # iterations before the resume; 2K in all
 def gpu_args(data_dir, out, **overrides) -> list[str]:
     """tiny_run_args on the GPU's own precision (auto), dropout off."""
     return tiny_run_args(
-        data_dir, out, precision="auto", eval_interval=K, max_iters=2 * K, **overrides
+        data_dir, out, **{"precision": "auto", "eval_interval": K, "max_iters": 2 * K, **overrides}
     )
 
 

@@ -24,6 +24,7 @@ from gpt_ds.launch.gpu_support import (
     parse_probe_facts,
     parse_smi,
     probe_source,
+    release_archs,
     runs_on,
 )
 
@@ -184,6 +185,20 @@ def test_start_up_refuses_before_anything_is_built(shakespeare_dir, tmp_path):
     assert f"{SKIP_ENV}=1" in proc.stderr
     assert not list((tmp_path / "out").glob("*/gpt_ds.json"))
     check_gpu_support(0, env={SKIP_ENV: "1"})  # the override: not even gathered
+
+
+def test_torchs_release_table_reads_the_same_in_both_of_its_shapes():
+    """torch 2.13 nests PYTORCH_RELEASES_CODE_CC per host; torch 2.11 (seen on an H200 node,
+    2.11.0+cu130) maps each CUDA release straight to its set, and gathering facts there crashed
+    on `.get`. The flat table made from this torch's nested one reads the same."""
+    import torch
+
+    nested = torch.cuda.PYTORCH_RELEASES_CODE_CC
+    for host in ("x86_64", "aarch64"):
+        flat = {cuda: set(per_host[host]) for cuda, per_host in nested.items()}
+        assert release_archs(flat, host) == release_archs(nested, host)
+        assert all(release_archs(nested, host).values())
+    assert release_archs(nested, "x86_64") != release_archs(nested, "aarch64")
 
 
 def test_probe_source_runs_alone_and_preflight_reads_its_line():

@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from deepspeed.ops.op_builder.builder import CUDAOpBuilder
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.dsconfig.optimizer import AdamFacts, adam_facts, choose_adam, same_minor
+from gpt_ds.dsconfig.optimizer import (
+    AdamFacts,
+    adam_facts,
+    arch_list_blocker,
+    choose_adam,
+    same_minor,
+)
 from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.run.config import RunSettings
@@ -37,6 +44,11 @@ def deepspeed_builds(params: dict) -> torch.optim.Optimizer:
         (AdamFacts("cuda", rocm=True), {"torch_adam": True, "fused": True}, "no hipcc"),
         (AdamFacts("cuda", prebuilt=True), {}, "FusedAdam (op prebuilt)"),
         (AdamFacts("cuda", compiler="nvcc 13.0"), {}, "JIT-built once with nvcc 13.0"),
+        (
+            AdamFacts("cuda", compiler="nvcc 13.0", compiler_blocked=arch_list_blocker("9.0a")),
+            {"torch_adam": True, "fused": True},
+            "TORCH_CUDA_ARCH_LIST='9.0a' has '9.0a', which DeepSpeed's JIT builder cannot parse",
+        ),
         (AdamFacts("xpu"), {}, "DeepSpeed's choice on xpu"),
     ],
 )
@@ -85,6 +97,38 @@ def test_fused_with_foreach_or_without_torch_adam_is_refused():
         deepspeed_builds({**ADAMW, "torch_adam": True, "fused": True, "foreach": True})
     alone = choose_adam(AdamFacts("cuda", prebuilt=True), {**ADAMW, "fused": True}).problems
     assert len(alone) == 1 and 'add "torch_adam": true' in alone[0]
+
+
+class ArchListProbe(CUDAOpBuilder):
+    """DeepSpeed's CUDA op builder with no sources: its own arch-list parsing, no build."""
+
+    def __init__(self, arch_list: str):
+        super().__init__(name="arch_list_probe")
+        self.jit_mode, self._jit_arch_list = True, arch_list
+
+    def absolute_name(self) -> str:
+        return "arch_list_probe"
+
+    def sources(self) -> list[str]:
+        return []
+
+
+@pytest.mark.parametrize(
+    "arch_list", ["9.0a", "8.0;8.6+PTX 9.0", "10.0f", "9.0", "8.0 9.0a;10.0", " 7.5 ", ""]
+)
+def test_an_arch_list_deepspeeds_jit_builder_cannot_parse_is_found_before_it_runs(arch_list):
+    """An H200 node's image set TORCH_CUDA_ARCH_LIST=9.0a (torch's arch-specific Hopper target):
+    DeepSpeed 0.19's FusedAdam JIT build raised ValueError on it after the model was built.
+    The blocker agrees with DeepSpeed's own parser, run here without a GPU or a build."""
+    try:
+        ArchListProbe(arch_list).compute_capability_args()
+        deepspeed_parses = True
+    except ValueError:
+        deepspeed_parses = False
+    blocker = arch_list_blocker(arch_list)
+    assert (blocker is None) == deepspeed_parses, blocker
+    if blocker:
+        assert "unset it or write" in blocker and "TORCH_CUDA_ARCH_LIST" in blocker
 
 
 def test_nvcc_must_match_torchs_cuda_minor_version():

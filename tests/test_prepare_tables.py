@@ -11,17 +11,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.feather as feather
-import pyarrow.parquet as pq
 import pytest
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.data.prepare.pipeline import prepare_dataset
 from gpt_ds.data.token_format import rebuild_command
 from gpt_ds.data.tokenizer import EOT_TOKEN, get_encoding
+
+# the `data` extra: a machine without it (a GPU node running `pytest -m gpu`) skips this module
+datasets = pytest.importorskip("datasets", reason="the data extra: pip install 'gpt_ds[data]'")
+pa = pytest.importorskip("pyarrow", reason="the data extra: pip install 'gpt_ds[data]'")
+import pyarrow.feather as feather  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [f"Document {i}: {'une phrase, 日本語 😀 ' * (i % 5)}\nline two.  " for i in range(45)]

@@ -28,7 +28,9 @@ def prepare_shakespeare(work: Path) -> str:
     out = work / "shakespeare"
     tool = REPO / "tools" / "prepare_data.py"
     cmd = [sys.executable, str(tool), "--out_dir", str(out), "--quiet"]
-    subprocess.run(cmd, check=True, cwd=REPO, capture_output=True)
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed (rc {run.returncode}):\n{run.stderr[-4000:]}")
     return str(out)
 
 

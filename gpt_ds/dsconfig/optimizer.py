@@ -14,6 +14,7 @@ DeepSpeed use `torch.optim.AdamW`, whose `fused=True` kernel ships inside torch 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ class AdamFacts:
     prebuilt: bool = False
     compiler: str | None = None
     offload: bool = False
+    compiler_blocked: str | None = None  # why the compiler cannot build the op, if it cannot
 
 
 @dataclass
@@ -74,18 +76,17 @@ def _implementation(facts: AdamFacts, params: dict) -> AdamChoice:
     kind = "ROCm" if facts.rocm else "CUDA"
     if facts.prebuilt:
         return AdamChoice(note="optimizer: DeepSpeed FusedAdam (op prebuilt)")
-    if facts.compiler:
+    if facts.compiler and not facts.compiler_blocked:
         note = f"optimizer: DeepSpeed FusedAdam (JIT-built once with {facts.compiler})"
         return AdamChoice(note=note)
     compiler = "hipcc" if facts.rocm else "nvcc matching torch's CUDA version"
+    why = f"no {compiler} to build DeepSpeed's FusedAdam on this {kind} machine"
+    why += ", and it is not prebuilt"
     choice = {"torch_adam": True}
     if params.get("foreach") is None:  # torch refuses fused together with foreach
         choice["fused"] = True
     fused = "fused=True, " if "fused" in choice else ""
-    note = (
-        f"optimizer: torch AdamW ({fused}built into torch): no {compiler} to build DeepSpeed's "
-        f"FusedAdam on this {kind} machine, and it is not prebuilt"
-    )
+    note = f"optimizer: torch AdamW ({fused}built into torch): {facts.compiler_blocked or why}"
     return AdamChoice(choice, note)
 
 
@@ -136,7 +137,29 @@ def adam_facts(offload: bool) -> AdamFacts:
         prebuilt=_fused_adam_prebuilt(accelerator._name),
         compiler=_rocm_compiler() if rocm else _cuda_compiler(torch.version.cuda),
         offload=offload,
+        compiler_blocked=None if rocm else arch_list_blocker(os.environ.get(ARCH_LIST, "")),
     )
+
+
+ARCH_LIST = "TORCH_CUDA_ARCH_LIST"
+
+
+def arch_list_blocker(arch_list: str) -> str | None:
+    """Why DeepSpeed 0.19's JIT builder would fail on this TORCH_CUDA_ARCH_LIST, or None.
+
+    Its `compute_capability_args` sorts the entries by `int()` of each dotted part, so torch's
+    arch-specific entries ("9.0a", "10.0f", which Hopper/Blackwell builds set) raise ValueError
+    when FusedAdam is constructed, after the model is built. torch's fused AdamW needs no build.
+    """
+    for entry in arch_list.replace(" ", ";").split(";"):
+        entry = entry.strip()
+        if entry and not re.fullmatch(r"\d+\.\d+(\+PTX)?", entry):
+            return (
+                f"{ARCH_LIST}={arch_list!r} has {entry!r}, which DeepSpeed's JIT builder cannot "
+                f"parse (FusedAdam would fail to build; unset it or write {entry.rstrip('af')!r} "
+                "to build it)"
+            )
+    return None
 
 
 def _fused_adam_prebuilt(accelerator_name: str) -> bool:

@@ -267,6 +267,12 @@ def gpu_problems(facts: GpuFacts) -> list[str]:
 # The live facts (the thin part), shipped as source to preflight's nodes.
 
 
+def release_archs(table, host):
+    """torch's table of the compute capabilities each CUDA release's wheels carry, for `host`:
+    torch 2.13 nests it per host ({cuda: {host: ccs}}), torch 2.11 does not ({cuda: ccs})."""
+    return {k: sorted(v.get(host, ()) if isinstance(v, dict) else v) for k, v in table.items()}
+
+
 def gather_facts(device_index=None):
     """This process's facts as a plain dict (`GpuFacts.from_probe`); `device_index`: only that
     GPU (a rank's own), None: all. Self-contained: preflight runs its source on every node."""
@@ -299,7 +305,7 @@ def gather_facts(device_index=None):
             pass
     table = getattr(cuda, "PYTORCH_RELEASES_CODE_CC", {})
     host = "aarch64" if platform.machine().lower() == "aarch64" else "x86_64"
-    out["releases"] = {k: sorted(v.get(host, ())) for k, v in table.items()}
+    out["releases"] = release_archs(table, host)
     count = cuda.device_count() if out["cuda_available"] else 0
     out["devices"] = []
     for i in range(count) if device_index is None else [device_index]:
@@ -323,7 +329,11 @@ def probe_source() -> str:
     """Python source that prints `gather_facts()` on one marked line (preflight appends it to
     its probe); a failure is printed as facts that no check reads."""
     return (
-        "\n" + inspect.getsource(gather_facts) + "\nimport json\n"
+        "\n"
+        + inspect.getsource(release_archs)
+        + "\n"
+        + inspect.getsource(gather_facts)
+        + "\nimport json\n"
         "try:\n    _facts = gather_facts()\n"
         "except Exception as exc:\n    _facts = {'error': type(exc).__name__ + ': ' + str(exc)}\n"
         f"print({FACTS_MARK!r} + json.dumps(_facts))\n"
