@@ -7,9 +7,12 @@ bare DeepSpeed loop, with the same model, data, batch and DeepSpeed config, in o
 Rows, each a real `deepspeed --num_gpus RANKS` launch:
 - gpt_ds: `gpt_ds/train.py` with its defaults (no eval, no checkpoint);
 - gpt_ds, each speed-up off (`--loss full`: the full logits, as GPT2LMHeadModel's own loss;
-  `--vocab_multiple 1`: no vocabulary padding),
-  and each opt-in one on (`--compile`, by `--rows` only; its compile time falls in the
-  untimed warm-up);
+  `--vocab_multiple 1`: no vocabulary padding; `unfused AdamW`: torch's AdamW, neither fused nor
+  DeepSpeed's FusedAdam), and each opt-in one on (`--compile`, by `--rows` only; its compile
+  time falls in the untimed warm-up);
+- in a bf16 (or fp16) table, `gpt_ds --precision fp32`: the same run in fp32, so that the
+  table shows what the 16-bit path gains (`--precision bf16 --rows gpt_ds "gpt_ds --precision
+  fp32" "HF Trainer"` is issue 24's mixed-precision table);
 - the HF Trainer and a bare loop around `deepspeed.initialize` (benchmarks/peer_trainers.py).
 Repetitions are interleaved (every row once, then again, in a rotated order) and the median
 is reported. Tokens/s counts the steps after `--warmup`, from the wall-clock time at the end
@@ -46,6 +49,7 @@ from gpt_ds.model.gpt2 import MODEL_PRESETS, ModelShape, flops_per_token  # noqa
 from gpt_ds.observe.peak_flops import resolve_peak  # noqa: E402
 
 REFERENCE = "HF Trainer"
+FP32_ROW = "gpt_ds --precision fp32"  # in a table of another precision only
 # --compile compiles for a minute or more per launch on a CPU: asked for by name (--rows), as
 # is activation checkpointing (benchmarks/activation_checkpointing.py measures it)
 DEFAULT_ROWS = [
@@ -105,10 +109,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_ROWS,
         choices=list(ROWS),
         metavar="ROW",
-        help="which rows (default all but gpt_ds --compile and --activation_checkpointing): "
-        + ", ".join(map(repr, ROWS)),
+        help="which rows (default all but gpt_ds --compile and --activation_checkpointing; "
+        f"{FP32_ROW!r} only in a table of another precision): " + ", ".join(map(repr, ROWS)),
     )
-    return parse_launch_args(p, argv)
+    args = parse_launch_args(p, argv)
+    if args.precision == "fp32" and FP32_ROW in args.rows:  # the gpt_ds row itself
+        args.rows = [r for r in args.rows if r != FP32_ROW]
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,10 +43,10 @@ def model(dtype: torch.dtype = torch.float32, chunked: bool = False):
     return build_model(shape, chunked_loss=chunked).to(dtype).train()
 
 
-def chunked_loss(m, x, y, rows: int) -> torch.Tensor:
+def chunked_loss(m, x, y, rows: int, block: int | None = None) -> torch.Tensor:
     """Through the training model's own forward (the path the engine calls), `rows` tokens
-    per chunk."""
-    m.lm_head.chunk_rows = rows
+    per chunk, `block` per gathered gradient (None: the device's)."""
+    m.lm_head.chunk_rows, m.lm_head.grad_block = rows, block
     return lm_loss(m, x, y)
 
 
@@ -72,12 +72,15 @@ def test_fp32_loss_and_gradients_equal_the_full_logits_path(rows):
     assert ours.lm_head.weight is ours.transformer.wte.weight
 
 
-def test_bf16_loss_and_gradients_equal_the_full_logits_path_to_bf16_rounding():
+# 72 tokens: one block (the CPU default gathers up to ~660 tokens); blocks of 2 and 3 uneven
+# chunks, the last one short; one chunk per block, as on GPUs
+@pytest.mark.parametrize("rows,block", [(10, None), (7, 21), (5, 10), (10, 10)])
+def test_bf16_loss_and_gradients_equal_the_full_logits_path_to_bf16_rounding(rows, block):
     x, y = batch()
     ref, ours = model(torch.bfloat16), model(torch.bfloat16, chunked=True)
     expected = lm_loss(ref, x, y)
     expected.backward()
-    got = chunked_loss(ours, x, y, rows=10)
+    got = chunked_loss(ours, x, y, rows, block)
     got.backward()
     assert got.dtype == torch.float32
     assert abs(got.item() - expected.item()) < 1e-3 * expected.item()

@@ -31,6 +31,8 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "gpt_ds --loss full": ("gpt_ds", ["--loss", "full"]),
     "gpt_ds --vocab_multiple 1": ("gpt_ds", ["--vocab_multiple", "1"]),
     "gpt_ds --compile": ("gpt_ds", ["--compile"]),
+    # in a bf16 table: the same run in fp32 (bf16's gain over it), the peers staying in bf16
+    "gpt_ds --precision fp32": ("gpt_ds", ["--precision", "fp32"]),
     # the preset with torch's AdamW, neither fused nor DeepSpeed's FusedAdam (Setup writes it)
     "gpt_ds unfused AdamW": ("gpt_ds", ["--deepspeed_config", "{unfused_preset}"]),
     "gpt_ds --activation_checkpointing": ("gpt_ds", ["--activation_checkpointing"]),

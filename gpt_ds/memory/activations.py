@@ -30,7 +30,8 @@ def chunked_loss_bytes(shape: ModelShape, micro_batch_size: int, precision: str)
     x width), in the run precision. Transient while they are built: one chunk of logits (fp32,
     plus the 16-bit matmul output it is upcast from) and, below fp32, the weight gradient's
     fp32 accumulator with one 16-bit chunk product (in fp32 runs the accumulator is the kept
-    gradient). The chunk is a GPU's (on CPU it is smaller: an over-estimate there).
+    gradient). The chunk is a GPU's (on CPU it is smaller: an over-estimate there, which also
+    covers a CPU's block of gathered 16-bit logit gradients, 64 MiB against 256 MiB).
     """
     tokens, vocab, width = micro_batch_size * shape.block_size, shape.vocab_size, shape.n_embd
     w = PRECISION_BYTES[precision]

@@ -13,6 +13,8 @@ there: same value and gradients to float rounding (tests/test_chunked_loss.py co
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 IGNORE_INDEX = -100
@@ -23,11 +25,41 @@ IGNORE_INDEX = -100
 CHUNK_LOGIT_BYTES = {"cpu": 16 << 20, "gpu": 256 << 20}
 
 
+# 16-bit logit gradients gathered over several chunks before the head's two gradient matmuls
+# (hidden and weight) run on them. Per chunk, the weight's gradient is a whole vocab x width
+# product added into an fp32 accumulator: on CPU in bf16 that product and its add cost more
+# than the chunk's own work (benchmarks/chunked_loss.py: gpt2-mini's 512 tokens took 3x as long
+# as with one block). CPU: 64 MiB (~660 tokens of GPT-2's vocabulary). GPU: 0, one chunk per
+# block as before (its V x C add is cheap there; not yet measured).
+GRAD_BLOCK_BYTES = {"cpu": 64 << 20, "gpu": 0}
+
+
 def chunk_rows(vocab_size: int, device_type: str = "cuda") -> int:
     """Tokens per chunk on a device of `device_type` ("cpu", "cuda", ...): one chunk's fp32
     logits fit in CHUNK_LOGIT_BYTES."""
     budget = CHUNK_LOGIT_BYTES["cpu" if device_type == "cpu" else "gpu"]
     return max(1, budget // (4 * vocab_size))
+
+
+def block_rows(vocab_size: int, rows: int, dtype: torch.dtype, device_type: str = "cuda") -> int:
+    """Tokens per block of gathered logit gradients: a whole number of chunks of `rows`, their
+    `dtype` gradients within GRAD_BLOCK_BYTES. fp32 keeps one chunk a block: its weight
+    gradient is an in-place addmm, with no product to add."""
+    budget = GRAD_BLOCK_BYTES["cpu" if device_type == "cpu" else "gpu"]
+    if dtype == torch.float32:
+        return rows
+    per_token = torch.finfo(dtype).bits // 8 * vocab_size
+    return max(1, budget // (per_token * rows)) * rows
+
+
+@dataclass(frozen=True)
+class _Chunking:
+    """How the loss walks the tokens: `rows` per chunk of fp32 logits, `block` (a multiple of
+    rows) per gathered gradient; `tokens`: the real vocabulary under padding, or None."""
+
+    rows: int
+    block: int
+    tokens: int | None
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, tokens: int | None) -> torch.Tensor:
@@ -74,7 +106,7 @@ def _scaled_logit_grad(
 def _add_head_grads(
     grad: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, grad_weight: torch.Tensor
 ) -> torch.Tensor:
-    """Add the chunk's weight gradient into fp32 `grad_weight`; return its hidden gradient.
+    """Add the block's weight gradient into fp32 `grad_weight`; return its hidden gradient.
     `grad` is already in the hidden states' dtype."""
     if h.dtype == torch.float32:
         grad_weight.addmm_(grad.t(), h)  # in place: no (vocab x width) temporary
@@ -83,31 +115,60 @@ def _add_head_grads(
     return grad @ weight
 
 
+def _block_loss_and_grad(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: _Chunking,
+    count: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss sum, d(mean loss)/d(logits) in the hidden states' dtype) of one block, one chunk
+    of fp32 logits at a time."""
+    if len(hidden) <= chunk.rows:  # one chunk: its gradient needs no gathering buffer
+        logits = _chunk_logits(hidden, weight, chunk.tokens)
+        loss_sum, lse, counted, safe = _loss_sum(logits, labels)
+        return loss_sum, _scaled_logit_grad(logits, lse, safe, counted.float() / count).to(
+            hidden.dtype
+        )
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    grad = torch.empty(len(hidden), weight.shape[0], dtype=hidden.dtype, device=hidden.device)
+    for start in range(0, len(hidden), chunk.rows):
+        end = start + chunk.rows
+        logits = _chunk_logits(hidden[start:end], weight, chunk.tokens)
+        loss_sum, lse, counted, safe = _loss_sum(logits, labels[start:end])
+        total += loss_sum
+        grad[start:end] = _scaled_logit_grad(logits, lse, safe, counted.float() / count)
+        del logits  # one chunk of fp32 logits alive at a time
+    return total, grad
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Loss and both gradients in one pass over the chunks; backward only scales them."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, rows: int, tokens: int | None):
+    def forward(ctx, hidden, weight, labels, chunk: _Chunking):
         count = _counted_tokens(labels)
+        if len(hidden) <= chunk.block:  # one block: one product, as autograd's own
+            total, grad = _block_loss_and_grad(hidden, weight, labels, chunk, count)
+            grad_weight = (grad.t() @ hidden).to(weight.dtype)
+            ctx.save_for_backward(grad @ weight, grad_weight)
+            return total / count
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        for start in range(0, hidden.shape[0], rows):
-            h, y = hidden[start : start + rows], labels[start : start + rows]
-            logits = _chunk_logits(h, weight, tokens)
-            loss_sum, lse, counted, safe = _loss_sum(logits, y)
+        for start in range(0, hidden.shape[0], chunk.block):
+            h, y = hidden[start : start + chunk.block], labels[start : start + chunk.block]
+            loss_sum, grad = _block_loss_and_grad(h, weight, y, chunk, count)
             total += loss_sum
-            # d(mean loss)/d(logits): softmax - one-hot, over the counted tokens
-            grad = _scaled_logit_grad(logits, lse, safe, counted.float() / count).to(hidden.dtype)
-            grad_hidden[start : start + rows] = _add_head_grads(grad, h, weight, grad_weight)
-            del logits, grad  # one chunk alive at a time (memory/activations.py counts one)
+            grad_hidden[start : start + chunk.block] = _add_head_grads(grad, h, weight, grad_weight)
+            del grad  # one block alive at a time (memory/activations.py counts it)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return total / count
 
     @staticmethod
     def backward(ctx, grad_output):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_output, grad_weight * grad_output, None, None, None
+        return grad_hidden * grad_output, grad_weight * grad_output, None, None
 
 
 class _LinearCrossEntropyRecompute(torch.autograd.Function):
@@ -155,19 +216,24 @@ def chunked_cross_entropy(
     labels: torch.Tensor,
     rows: int | None = None,
     tokens: int | None = None,
+    block: int | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy of `hidden @ weight.T` against `labels` (IGNORE_INDEX not counted).
 
     hidden: (..., C) last hidden states; weight: (V, C) the LM head; labels: (...) token ids;
-    tokens: the real vocabulary when V is padded beyond it (the rest is never predicted).
+    tokens: the real vocabulary when V is padded beyond it (the rest is never predicted);
+    rows / block: tokens per chunk of logits / per block of gathered gradients (default: the
+    device's, chunk_rows and block_rows).
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])
     labels = labels.reshape(-1)
-    rows = rows or chunk_rows(weight.shape[0], hidden.device.type)
+    device = hidden.device.type
+    rows = rows or chunk_rows(weight.shape[0], device)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        one_pass = hidden.dtype != torch.float16
-        fn = _LinearCrossEntropy if one_pass else _LinearCrossEntropyRecompute
-        return fn.apply(hidden, weight, labels, rows, tokens)
+        if hidden.dtype == torch.float16:
+            return _LinearCrossEntropyRecompute.apply(hidden, weight, labels, rows, tokens)
+        block = block or block_rows(weight.shape[0], rows, hidden.dtype, device)
+        return _LinearCrossEntropy.apply(hidden, weight, labels, _Chunking(rows, block, tokens))
     count = _counted_tokens(labels)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], rows):

@@ -20,13 +20,14 @@ class LossHead(torch.nn.Linear):
     """GPT-2's LM head: logits as usual, or, given `targets`, their mean cross-entropy."""
 
     chunk_rows: int | None = None  # tokens per chunk; None: chunked_loss.chunk_rows
+    grad_block: int | None = None  # tokens per gathered gradient; None: chunked_loss.block_rows
     tokens: int | None = None  # the real vocabulary when the rows are padded beyond it
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if targets is None:
             return super().forward(hidden)
         return chunked_cross_entropy(
-            hidden, self.weight, targets, rows=self.chunk_rows, tokens=self.tokens
+            hidden, self.weight, targets, self.chunk_rows, self.tokens, self.grad_block
         )
 
 

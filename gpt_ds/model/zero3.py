@@ -15,9 +15,16 @@ build's with the same seed (the RNG draws the same values in the same order on r
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import torch
+
+# transformers' initialize_weights_zero3 gathers a module's children's parameters for its
+# _init_weights from 5.23 on; before, GPT2Attention/GPT2MLP's re-draw of their child c_proj ran
+# on an empty shard, so GPT-2's scaled init of the residual projections silently never happened
+# (seen on an H200 node with 5.17; the fix is in transformers/integrations/deepspeed.py, 5.23).
+ZERO3_INIT_MIN_TRANSFORMERS = (5, 23)
 
 
 @contextlib.contextmanager
@@ -36,6 +43,21 @@ def hf_zero3(ds_config: dict | None) -> Iterator[None]:
     finally:
         unset_hf_deepspeed_config()
         del keep
+
+
+def zero3_init_problem(transformers_version: str) -> str | None:
+    """Why a fresh GPT-2 built partitioned under ZeRO-3 with this transformers would not get
+    GPT-2's initialisation, with the fix; None when it would."""
+    found = re.match(r"(\d+)\.(\d+)", transformers_version)
+    if found is None or (int(found[1]), int(found[2])) >= ZERO3_INIT_MIN_TRANSFORMERS:
+        return None
+    need = ".".join(map(str, ZERO3_INIT_MIN_TRANSFORMERS))
+    return (
+        f"a fresh model under ZeRO-3 needs transformers >= {need}: {transformers_version}'s "
+        "ZeRO-3 initialisation skips GPT-2's scaled init of the residual projections (c_proj "
+        f"std 0.02 instead of 0.02/sqrt(2 x n_layer)). Fix: pip install -U 'transformers>={need}'"
+        " (or start from a checkpoint, --init_from, or another ZeRO stage)"
+    )
 
 
 def fresh_model(cls: type, config, zero3_config: dict | None) -> torch.nn.Module:

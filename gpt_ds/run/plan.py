@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpt_ds.base import dist
-from gpt_ds.base.errors import CheckpointError, GptDsError
+from gpt_ds.base.errors import CheckpointError, ConfigError, GptDsError
 from gpt_ds.checkpoint import (
     MANIFEST,
     CheckpointRef,
@@ -93,6 +93,7 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
         cfg, line = with_budget(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
         ds, length = resolve_ds_config(raw, settings(cfg), source=cfg.deepspeed_config), [line]
     check_monitors(ds.config)
+    check_fresh_zero3(ds, init, resume, cfg.deepspeed_config)
     notes = check_resume(resume, cfg, ds, shape, identity) + length
     estimate = check_machine(cfg, ds, shape)
     for line in notes:
@@ -100,6 +101,20 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     return RunPlan(
         cfg=cfg, shape=shape, ds=ds, data=data, resume=resume, init=init, estimate=estimate
     )
+
+
+def check_fresh_zero3(
+    ds: ResolvedDsConfig, init: InitSource, resume: CheckpointRef | None, source: str
+) -> None:
+    """A model built fresh under ZeRO-3 needs a transformers whose ZeRO-3 init is GPT-2's."""
+    if ds.zero_stage == 3 and init.is_scratch and resume is None:
+        import transformers
+
+        from gpt_ds.model.zero3 import zero3_init_problem
+
+        problem = zero3_init_problem(transformers.__version__)
+        if problem:
+            raise ConfigError(problem, source)
 
 
 def check_resume(
