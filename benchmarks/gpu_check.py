@@ -9,11 +9,13 @@ Steps (each a process of its own, with a time limit, its output kept in OUT/logs
 - `pytest -m gpu`, the suite's GPU subset: its summary line;
 - throughput on one GPU (benchmarks/throughput.py): GPT-2 124M at block 1024 in bf16 (fp16
   where bf16 is absent), gpt_ds with its defaults and with each speed-up toggled, the HF
-  Trainer with the same DeepSpeed config and a bare DeepSpeed loop; tokens/s and MFU;
+  Trainer with the same DeepSpeed config and a bare DeepSpeed loop; tokens/s, MFU, peak
+  allocator memory and the trainer's predicted peak; the micro-batch fills the card (the
+  largest power of two whose predicted peak with the full logits fits 80% of it);
 - gpt2-xl under ZeRO-3 on that GPU: start-up and three steps, the trainer's own predicted and
   measured memory lines and its step times.
-Without a GPU it writes the environment, says so and exits 0. Not yet run on a GPU: the first
-machine that runs it is the first check of its GPU steps.
+Without a GPU it writes the environment, says so and exits 0. First run on one H200
+(BENCHMARKS.md "On a GPU"); `--limit`, `--rows`, `--reps` and `--steps` fit it to a short lease.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
-from support.launch import TRAIN, launch_env  # noqa: E402
+from support.launch import TRAIN, launch_env, planned  # noqa: E402
 from support.workspace import prepare_shakespeare  # noqa: E402
 
 THROUGHPUT_ROWS = [
@@ -137,7 +140,11 @@ def throughput_command(
     """benchmarks/throughput.py on one GPU: gpt2 at block 1024, every row of args.rows."""
     cmd = [python, str(REPO / "benchmarks" / "throughput.py"), "--models", "gpt2"]
     cmd += ["--stages", "2", "--ranks", "1", "--block_size", "1024"]
-    cmd += ["--precision", precision, "--micro_batch_size", str(args.micro_batch_size)]
+    micro = args.micro_batch_size or card_filling_micro_batch(
+        torch_cuda_bytes(), lambda m: predicted_full_logits_peak(m, precision, data)
+    )
+    print(f"throughput micro-batch: {micro}", flush=True)
+    cmd += ["--precision", precision, "--micro_batch_size", str(micro)]
     cmd += ["--grad_accum", "1", "--steps", str(args.steps), "--warmup", str(args.steps // 3)]
     cmd += ["--reps", str(args.reps), "--data_dir", str(data), "--rows", *args.rows]
     return cmd + ["--work_dir", str(work / "throughput")]
@@ -161,6 +168,33 @@ def _key_line(line: str) -> bool:
     return line.startswith(("|", "**")) or any(w in line for w in words)
 
 
+def card_filling_micro_batch(
+    card_bytes: int, predicted: Callable[[int], int], share: float = 0.8, most: int = 64
+) -> int:
+    """The largest power-of-two micro-batch (up to `most`) whose predicted peak fits `share` of
+    the card; 1 where none does."""
+    best, micro = 1, 1
+    while micro <= most and predicted(micro) <= share * card_bytes:
+        best, micro = micro, micro * 2
+    return best
+
+
+def predicted_full_logits_peak(micro: int, precision: str, data: str) -> int:
+    """The memory model's per-rank peak for the throughput table's gpt2 run with the full
+    logits (`--loss full`, the table's hungriest row and about the HF Trainer's need)."""
+    argv = ["--model", "gpt2", "--deepspeed_config", "zero2", "--block_size", "1024"]
+    argv += ["--micro_batch_size", str(micro), "--grad_accum", "1", "--precision", precision]
+    argv += ["--loss", "full", "--max_iters", "30", "--eval_interval", "0", "--no_checkpoint"]
+    argv += ["--data_dir", data, "--out_dir", "unused", "--ignore_memory_estimate"]
+    return planned(argv, ranks=1).estimate.total
+
+
+def torch_cuda_bytes() -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("gpu_check"), help="folder for the results")
@@ -168,7 +202,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--work_dir", type=Path, help="the runs' data and output (default: a temporary folder)"
     )
     p.add_argument(
-        "--micro_batch_size", type=int, default=8, help="throughput rows' micro-batch (gpt2)"
+        "--micro_batch_size",
+        type=int,
+        default=0,
+        help="throughput rows' micro-batch (gpt2); default 0: the largest power of two whose "
+        "predicted peak with the full logits fills 80%% of the card",
     )
     p.add_argument("--steps", type=int, default=30, help="throughput steps a launch (1/3 warm-up)")
     p.add_argument("--reps", type=int, default=2, help="throughput's interleaved repetitions")

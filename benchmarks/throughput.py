@@ -29,17 +29,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
 import torch  # noqa: E402
+from support.launch import planned  # noqa: E402
 from support.timed_runs import (  # noqa: E402
     ROWS,
     Measured,
     Setup,
     add_launch_options,
+    launch_command,
     measure,
     parse_launch_args,
 )
@@ -58,7 +61,8 @@ DEFAULT_ROWS = [
 
 
 def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
-    """Markdown: median tokens/s, each repetition, peak memory, ratios to the HF Trainer."""
+    """Markdown: median tokens/s, each repetition, peak memory, ratios to the HF Trainer; on
+    GPUs also MFU and the memory model's prediction."""
     med = {
         r: (
             statistics.median(m.tokens_per_sec for m in ms),
@@ -68,15 +72,14 @@ def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
         if ms
     }
     ref_tps, ref_mem = med.get(REFERENCE, (float("nan"), float("nan")))
-    peak, _ = resolve_peak(None)
-    mfu_head = " MFU |" if peak else ""
+    extra = gpu_columns(setup)
     mem = "peak GPU memory per rank" if torch.cuda.is_available() else "peak RSS per rank"
     lines = [
         f"**{setup.model}, ZeRO-{setup.stage}**",
         "",
         f"| trainer | tokens/s (median) | each repetition | {mem} | × HF tok/s | × HF memory |"
-        + mfu_head,
-        "|---|---:|---|---:|---:|---:|" + ("---:|" if peak else ""),
+        + "".join(f" {head} |" for head in extra),
+        "|---|---:|---|---:|---:|---:|" + "---:|" * len(extra),
     ]
     for row, ms in results.items():
         if not ms:
@@ -88,11 +91,29 @@ def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
             f"| {row} | {tps:,.0f} | {reps} | {gib:.2f} GiB | {tps / ref_tps:.2f} | "
             f"{gib / ref_mem:.2f} |"
         )
-        if peak:
-            mfu = tps * flops_per_token(setup.shape) / (peak * setup.args.ranks)
-            line += f" {mfu * 100:.1f}% |"
-        lines.append(line)
+        lines.append(line + "".join(f" {cell(row, tps)} |" for cell in extra.values()))
     return "\n".join(lines)
+
+
+def gpu_columns(setup: Setup) -> dict[str, Callable[[str, float], str]]:
+    """Header -> cell of (row, tokens/s): MFU where the device's peak is known, and on GPUs
+    the peak the trainer's memory model predicts for a gpt_ds row (the peers: -)."""
+    columns: dict[str, Callable[[str, float], str]] = {}
+    peak, _ = resolve_peak(None)
+    if peak:
+        per_token = flops_per_token(setup.shape)
+        columns["MFU"] = lambda row, tps: f"{tps * per_token / (peak * setup.args.ranks):.1%}"
+    if torch.cuda.is_available():
+        columns["predicted peak"] = lambda row, tps: predicted_peak(setup, row)
+    return columns
+
+
+def predicted_peak(setup: Setup, row: str) -> str:
+    """The trainer's own predicted per-rank GPU peak for a gpt_ds row, planned here."""
+    if ROWS[row][0] != "gpt_ds":
+        return "-"
+    argv = launch_command(setup, row, setup.work / "plan")[1:]  # the flags, not the script
+    return f"{planned(argv, setup.args.ranks).estimate.total / 2**30:.2f} GiB"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -9,7 +9,8 @@
 #                                    [--have FREEZE.txt]
 #
 # --python / --platform: the target's (default: this machine's); --platform repeats (e.g.
-# manylinux_2_28_x86_64); --have: the target's `pip freeze`, whose projects are left out.
+# manylinux_2_28_x86_64); --have: the target's `pip freeze`, whose projects are left out where
+# their version meets gpt_ds's requirement (an older one goes in, named on stderr).
 # DeepSpeed is on PyPI as an sdist only: it is built here into a pure wheel with no ops
 # prebuilt (the trainer then picks torch's fused AdamW where no CUDA compiler is at hand).
 set -euo pipefail
@@ -17,7 +18,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=$(command -v python3)
 
-usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then usage; fi
 DIR=$1; shift
 EXTRAS="" TARGET_PY="" HAVE="" PLATFORMS=()

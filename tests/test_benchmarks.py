@@ -65,3 +65,25 @@ def test_gpu_check_without_a_gpu_reports_the_machine_and_exits_0(tmp_path):
     assert env["optimizer"].startswith("optimizer: torch AdamW")
     assert "| deepspeed |" in (out / "gpu_check.md").read_text()
     assert not (out / "logs").exists()
+
+
+def test_gpu_check_fills_the_card_by_the_trainers_memory_model(shakespeare_dir):
+    """The throughput rows' micro-batch on a GPU: the largest power of two whose predicted
+    peak with the full logits (the hungriest row, about the HF Trainer's need) fits 80% of the
+    card, by the trainer's own memory model, for an 80 GiB and a 141 GiB card."""
+    from gpu_check import card_filling_micro_batch, predicted_full_logits_peak
+
+    seen: dict[int, int] = {}
+
+    def predicted(micro: int) -> int:
+        seen[micro] = seen.get(micro) or predicted_full_logits_peak(
+            micro, "bf16", str(shakespeare_dir)
+        )
+        return seen[micro]
+
+    for card_gib in (80, 141):
+        card = card_gib * 2**30
+        best = card_filling_micro_batch(card, predicted)
+        assert predicted(best) <= 0.8 * card < predicted(2 * best), (card_gib, seen)
+    assert predicted(1) < predicted(2) < predicted(4)  # activations grow with the batch
+    assert card_filling_micro_batch(2**30, lambda m: 2**31) == 1  # nothing fits: 1

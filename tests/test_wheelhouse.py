@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 from support.launch import REPO, run_checked
 
-from gpt_ds.launch.wheelhouse import canonical, freeze_names, needed, target_env
+from gpt_ds.launch.wheelhouse import (
+    canonical,
+    freeze_names,
+    freeze_versions,
+    main,
+    needed,
+    target_env,
+)
 
 SCRIPT = REPO / "launchers" / "wheelhouse.sh"
 MAX_MIB_BESIDE_TORCH_NUMPY_TRANSFORMERS = 64
@@ -36,7 +43,7 @@ REPORT = {
             requested=True,
         ),  # fmt: skip
         item("torch", "2.13", "filelock", "sympy", "nvidia-nccl; platform_system == 'Linux'"),
-        item("Deep_Speed", "0.19", "torch", "filelock", "hjson"),
+        item("Deep_Speed", "0.19", "torch", "filelock", "hjson>=3"),
         item("tqdm", "4"),
         item("pytest", "9", "pluggy"),
         item("pluggy", "1"),
@@ -72,6 +79,22 @@ def test_what_the_target_has_is_left_out():
     assert have == {"tqdm", "hjson"}
     found = names(needed(REPORT, set(), {"torch"} | have, target_env(None)))
     assert set(found) == {"gpt-ds", "deep-speed", "filelock"}
+
+
+def test_what_the_target_has_too_old_goes_in_and_is_named(tmp_path, capsys):
+    """An H200 node's image had transformers 5.17 where gpt_ds needs 5.23: left out by name,
+    the node's pip would have refused the install. A version that meets it stays out."""
+    have = freeze_versions("tqdm==4.1\nhjson==2.0\nfilelock @ file:///f.whl\n")
+    assert have == {"tqdm": "4.1", "hjson": "2.0", "filelock": ""}
+    found = names(needed(REPORT, set(), {"torch"}, target_env(None), have))
+    assert set(found) == {"gpt-ds", "deep-speed", "hjson"}  # hjson>=3 is not met by 2.0
+    report, freeze = tmp_path / "report.json", tmp_path / "freeze.txt"
+    report.write_text(json.dumps(REPORT))
+    freeze.write_text("hjson==2.0\ntqdm==4.1\n")
+    assert main([str(report), "--have", str(freeze)]) == 0
+    out, err = capsys.readouterr()
+    assert "hjson==3" in out.split() and "tqdm==4" not in out.split()
+    assert "hjson 3 replaces the target's 2.0" in err
 
 
 def wheelhouse(*args, check: bool = True) -> subprocess.CompletedProcess:

@@ -33,14 +33,30 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def freeze_names(text: str) -> set[str]:
-    """The projects a `pip freeze` lists (`name==version`, `name @ url`; comments skipped)."""
-    names = set()
+def freeze_versions(text: str) -> dict[str, str]:
+    """Project -> version of a `pip freeze` (`name==version`; "" for `name @ url` or a bare
+    name: any version serves; comments and options skipped)."""
+    found = {}
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if line and not line.startswith("-"):
-            names.add(canonical(re.split(r"[=<>!~ @\[;]", line, maxsplit=1)[0]))
-    return names
+            name = canonical(re.split(r"[=<>!~ @\[;]", line, maxsplit=1)[0])
+            pinned = re.match(r"[^=]+==\s*([^\s;]+)", line)
+            found[name] = pinned[1] if pinned else ""
+    return found
+
+
+def freeze_names(text: str) -> set[str]:
+    """The projects a `pip freeze` lists."""
+    return set(freeze_versions(text))
+
+
+def _served(req: Requirement, have: dict[str, str]) -> bool:
+    """Whether the target's own copy of `req`'s project meets it (an unknown version does)."""
+    version = have.get(canonical(req.name))
+    if version is None:
+        return False
+    return not version or req.specifier.contains(version, prereleases=True)
 
 
 def _wanted(req: Requirement, extras: set[str], env: dict[str, str]) -> bool:
@@ -51,10 +67,16 @@ def _wanted(req: Requirement, extras: set[str], env: dict[str, str]) -> bool:
 
 
 def needed(
-    report: dict, extras: set[str], skip: set[str], env: dict[str, str]
+    report: dict,
+    extras: set[str],
+    skip: set[str],
+    env: dict[str, str],
+    have: dict[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """(name, version) of every package the report's requested root reaches without passing
-    through a skipped one; the root itself first."""
+    through a skipped one or one the target `have`s in a version that meets the requirement
+    (an older one goes in: pip on the node would refuse it); the root itself first."""
+    have = have or {}
     items = {canonical(i["metadata"]["name"]): i for i in report["install"]}
     roots = [canonical(i["metadata"]["name"]) for i in report["install"] if i.get("requested")]
     asked: dict[str, set[str]] = {r: set(extras) for r in roots}
@@ -68,6 +90,8 @@ def needed(
             req = Requirement(text)
             dep = canonical(req.name)
             if dep in skip or dep not in items or not _wanted(req, asked[name], env):
+                continue
+            if _served(req, have):
                 continue
             before = asked.setdefault(dep, set())
             if dep not in order or not set(req.extras) <= before:
@@ -99,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", nargs="*", default=[], help="more projects to leave out")
     a = p.parse_args(argv)
     skip = {canonical(n) for n in (*ALWAYS_SKIPPED, *a.skip)}
-    if a.have:
-        skip |= freeze_names(a.have.read_text())
+    have = freeze_versions(a.have.read_text()) if a.have else {}
     extras = {e.strip() for e in a.extras.split(",") if e.strip()}
     report = json.loads(a.report.read_text())
-    for name, version in needed(report, extras, skip, target_env(a.python)):
+    for name, version in needed(report, extras, skip, target_env(a.python), have):
+        if have.get(canonical(name)):
+            print(f"wheelhouse: {name} {version} replaces the target's {have[canonical(name)]}, "
+                  "which does not meet gpt_ds's requirement", file=sys.stderr)  # fmt: skip
         print(f"{name}=={version}")
     return 0
 
