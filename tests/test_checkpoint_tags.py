@@ -176,6 +176,27 @@ def test_a_new_split_of_the_same_batch_keeps_the_sequences():
     ]
 
 
+def test_the_global_stream_resumes_the_same_global_batch_on_any_world_size_unasked():
+    """Issue 25: with the run's one global stream, 2 ranks x 4 x 2 -> 1 rank x 4 x 4 (or 4
+    ranks x 4 x 1) trains every step on the same sequences: said, and allowed without
+    --allow_batch_change; a changed global batch is still refused."""
+    saved = saved_manifest(data_stream="global")
+    lines = check_batch(saved, Batch(1, 4, 4, 32), allowed=False)
+    assert lines == [
+        "resuming iter_10 changes the batch: world size 2 -> 1, gradient accumulation 2 -> 4",
+        "global batch 16 -> 16 sequences per step (512 -> 512 tokens); the 10 steps so far "
+        "saw 5,120 tokens",
+        "data: the global stream goes on where it stopped, each step its next 16 sequences "
+        "split among 1 rank: the same sequences as without the change (gradients equal to "
+        "float rounding)",
+    ]
+    assert check_batch(saved, Batch(4, 4, 1, 32), allowed=False)[0].endswith("2 -> 1")
+    with pytest.raises(CheckpointError, match="the same order of sequences, 16 -> 8 a step"):
+        check_batch(saved, Batch(1, 4, 2, 32), allowed=False)
+    allowed = check_batch(saved, Batch(1, 4, 2, 32), allowed=True)
+    assert allowed[-1] == "--allow_batch_change: going on; this is not an exact continuation"
+
+
 def test_a_checkpoint_without_a_recorded_batch_compares_the_world_size_only():
     old = saved_manifest(micro_batch_size=None, grad_accum=None)
     assert check_batch(old, Batch(2, 8, 1, 32), allowed=False) == []

@@ -98,25 +98,28 @@ def assert_same_weights(out_a: Path, out_b: Path, tag: str = "final") -> None:
         assert torch.equal(wa[name], wb[name]), f"{name} differs"
 
 
-def batch_loss(out: Path, tag: str, data_dir: Path, ranks: list[int], sequences: int) -> float:
-    """Mean loss of the weights in `tag` on each rank's next training batch after `sequences`
-    drawn.
+def batch_loss(out: Path, tag: str, data_dir: Path, sequences: int, global_batch: int) -> float:
+    """Mean loss of the weights in `tag` on the run's next global batch after `sequences`.
 
-    One process, plain transformers: sequence i of a rank's stream is a pure function of
-    (seed, rank, i) (gpt_ds.data.tokens.TrainWindows), so this is what a resumed run must log first.
-    """
-    from gpt_ds.data.tokens import TrainWindows
+    One process, plain transformers: sequence i of the run's global stream is a pure function
+    of (seed, i) (gpt_ds.data.tokens.TrainWindows), so this is what a resumed run must log
+    first, on any world size."""
+    from gpt_ds.data.tokens import GlobalSplit, TrainWindows
     from gpt_ds.model.gpt2 import lm_loss
 
     model = consolidated_model(out, tag)
     tokens = np.memmap(data_dir / "train.bin", dtype=np.uint16, mode="r")
-    losses = []
-    for r in ranks:
-        train_windows = TrainWindows(tokens, block_size=64, batch_size=4, seed=1337, rank=r)
-        train_windows.sequences = sequences
-        with torch.no_grad():
-            losses.append(lm_loss(model, *train_windows.next_batch()).item())
+    one_rank = GlobalSplit(world_size=1, grad_accum=global_batch // 4)
+    windows = TrainWindows(tokens, block_size=64, batch_size=4, seed=1337, rank=0, split=one_rank)
+    windows.sequences = sequences
+    with torch.no_grad():
+        losses = [lm_loss(model, *windows.next_batch()).item() for _ in range(one_rank.grad_accum)]
     return sum(losses) / len(losses)
+
+
+def batch_hashes(out: Path) -> dict[int, str]:
+    """iteration -> the logged hash of its global batch (metrics.jsonl's `batch`)."""
+    return {r["iter"]: r["batch"] for r in read_metrics(out) if "batch" in r}
 
 
 # ---------------------------------------------------------------------------- references
@@ -203,7 +206,7 @@ def test_bf16_follows_fp32_within_bf16_noise(refs):
     assert sorted(bf16.losses) == sorted(fp32.losses)
     for i, loss in fp32.losses.items():
         assert bf16.losses[i] == pytest.approx(loss, rel=0.01), (i, bf16.losses[i], loss)
-    assert bf16.losses[ITERS] < bf16.losses[1] - 0.5 and fp32.losses[ITERS] < fp32.losses[1] - 0.5
+    assert bf16.losses[ITERS] < bf16.losses[1] - 0.3 and fp32.losses[ITERS] < fp32.losses[1] - 0.3
     for i, loss in fp32.vals.items():
         assert bf16.vals[i] == pytest.approx(loss, rel=0.01), (i, bf16.vals[i], loss)
     assert bf16.losses != fp32.losses  # it did run in bf16
@@ -509,12 +512,10 @@ UNIVERSAL_TOOL = REPO / "tools" / "universal_checkpoint.py"
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_resume_on_another_world_size(stage, refs, launch, shakespeare_dir, tmp_path):
-    """2 ranks -> 1 -> 2 through automatic universal conversion.
-
-    Data streams differ per rank, so the checks are: the first loss after each resume equals
-    the saved weights' loss on the batches the new ranks draw (computed here in one process),
-    the LR schedule continues exactly, and the final val loss is the uninterrupted run's up to
-    the noise of training on other batches.
+    """2 ranks -> 1 -> 2 through automatic universal conversion, the global batch kept (1 rank
+    accumulates 2 micro-batches): every step trains on the uninterrupted run's sequences (the
+    same batch hashes), so its losses are the uninterrupted run's to reduction-order noise, and
+    no --allow_batch_change is needed. A changed global batch is still refused without it.
     """
     ref = refs.get(f"zero{stage}")
     out = tmp_path / "resized"
@@ -526,46 +527,44 @@ def test_resume_on_another_world_size(stage, refs, launch, shakespeare_dir, tmp_
         "error: resuming iter_4 changes the batch: world size 2 -> 1\n"
         "  global batch 8 -> 4 sequences per step (512 -> 256 tokens); the 4 steps so far saw "
         "2,048 tokens\n"
-        "  data: rank 0 continues its sample stream after 16 sequences; the sample streams "
-        "of rank 1 end here\n"
+        "  data: the global stream goes on where it stopped, each step its next 4 sequences "
+        "split among 1 rank: the same order of sequences, 8 -> 4 a step\n"
         "  a resume is exact only with the saved batch: resume with 2 ranks, "
         "--micro_batch_size 4 --grad_accum 1; to accept the change, pass --allow_batch_change"
     ) in refused.output, refused.tail()
     assert sorted(p.name for p in out.iterdir()) == ["iter_4", "latest"]  # nothing written
 
-    resize = {"resume": True, "allow_batch_change": True}
-    one = launch(ref.args(out, **resize, max_iters=6), "to_one", num_gpus=1).finish_ok()
-    assert "resuming iter_4 changes the batch: world size 2 -> 1" in one.output
-    assert "--allow_batch_change: going on; this is not an exact continuation" in one.output
+    one = launch(ref.args(out, resume=True, max_iters=6, grad_accum=2), "to_one", num_gpus=1)
+    one.finish_ok()
+    assert (
+        "resuming iter_4 changes the batch: world size 2 -> 1, gradient accumulation 1 -> 2"
+        in one.output
+    )
+    assert "each step its next 8 sequences split among 1 rank" in one.output
+    assert "--allow_batch_change" not in one.output
     assert "iter_4 was saved by 2 ranks, this run has 1: converting it" in one.output
     assert f"resumed from {out}/iter_4_universal at iteration 4" in one.output
     losses = train_losses(out)
-    expected = batch_loss(ref.out, "iter_4", shakespeare_dir, ranks=[0], sequences=16)
+    expected = batch_loss(ref.out, "iter_4", shakespeare_dir, sequences=32, global_batch=8)
     # measured equal to the last bit: the conversion restores the fp32 weights exactly
     assert math.isclose(losses[5], expected, abs_tol=1e-6), (losses[5], expected)
-    assert train_lrs(out) == {i: ref.lrs[i] for i in (5, 6)}
-    expected = batch_loss(out, "final", shakespeare_dir, ranks=[0, 1], sequences=24)
 
-    two = launch(ref.args(out, **resize), "to_two").finish_ok()
-    assert (
-        "data: rank 0 continues its sample stream after 24 sequences; rank 1 starts a new stream"
-        in (two.output)
-    )
+    two = launch(ref.args(out, resume=True), "to_two").finish_ok()
+    assert "each step its next 8 sequences split among 2 ranks" in two.output
     assert "final was saved by 1 ranks, this run has 2: converting it" in two.output
     assert f"resumed from {out}/final_universal at iteration 6" in two.output
     losses = train_losses(out)
-    assert math.isclose(losses[7], expected, abs_tol=1e-6), (losses[7], expected)
+    assert batch_hashes(out) == {i: batch_hashes(ref.out)[i] for i in range(5, 9)}
+    # the same sequences, gradients summed in another order: ZeRO-2 measured bit-identical;
+    # ZeRO-3's universal load drifts (measured 1.7e-4, 2.8e-3, 5.1e-3 at 6-8 after the fix of
+    # its param-group hyperparameters): DeepSpeed's, not the data's (the hashes are equal)
+    tolerance = 1e-5 if stage == 2 else 1e-3
+    for i in range(5, 9):
+        assert losses[i] == pytest.approx(ref.losses[i], rel=tolerance), (i, losses[i], ref.losses)
     assert train_lrs(out) == {i: ref.lrs[i] for i in (5, 6, 7, 8)}
-    # tokens seen count on across both batch changes: 512 per step on 2 ranks, 256 on 1
     tokens = {r["iter"]: r["tokens"] for r in read_metrics(out) if r.get("kind") == "train"}
-    assert tokens == {5: 2304, 6: 2560, 7: 3072, 8: 3584}, tokens
-    # a fresh run starts at ln(50257) ~ 10.8; this one continues where the checkpoint was
-    assert all(losses[i] < ref.losses[1] - 0.2 for i in (5, 6, 7, 8)), losses
-    # iterations 5-6 and 7-8 saw other batches than the 2-rank run's: the final val loss
-    # differs by noise (measured 0.006-0.013) next to the 0.5 the run gained since iteration 2
-    # (the first two steps run at lr 0, so val loss at 2 is the initial model's)
-    progress = ref.vals[2] - ref.vals[8]
-    assert progress > 0.3 and abs(val_losses(out)[8] - ref.vals[8]) < 0.1 * progress
+    assert tokens == {5: 2560, 6: 3072, 7: 3584, 8: 4096}, tokens
+    assert val_losses(out)[8] == pytest.approx(ref.vals[8], rel=tolerance)
 
     # `final` was rewritten by the 2-rank run: its old universal conversion must not be reused
     proc = subprocess.run(

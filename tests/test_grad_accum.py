@@ -26,7 +26,7 @@ from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 from gpt_ds.base.errors import DataError
 from gpt_ds.checkpoint import Manifest
 from gpt_ds.checkpoint.batch import with_saved_micro_batch
-from gpt_ds.data.tokens import TrainWindows
+from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.observe.metrics import read_metrics
 
 BLOCK = 16
@@ -79,12 +79,58 @@ def test_state_counts_sequences_and_resumes_the_stream():
     s = train_windows(4)
     draw(s, 3)
     state = s.state_dict()
-    assert state == {"seed": 7, "rank": 0, "sequences": 12, "micro_batch_size": 4}
+    assert state == {
+        "seed": 7, "rank": 0, "stream": "per_rank", "sequences": 12, "micro_batch_size": 4
+    }  # fmt: skip
     resumed = train_windows(2)  # another split continues the same stream
     resumed.load_state_dict(state)
     assert torch.equal(draw(resumed, 2)[0], draw(s, 1)[0])
     with pytest.raises(DataError, match="training-window state has seed 7, this run 8"):
         train_windows(4, seed=8).load_state_dict(state)
+
+
+def global_steps(world: int, micro: int, accum: int, steps: int, seed: int = 7):
+    """(each step's window starts, ranks and micro-batches in order; each step's hash) of
+    fresh global-stream windows split over `world` ranks x `accum` micro-batches of `micro`."""
+    split = GlobalSplit(world, accum)
+    ranks = [TrainWindows(TOKENS, BLOCK, micro, seed, rank=r, split=split) for r in range(world)]
+    starts, hashes = [], []
+    for _ in range(steps):
+        step = [w.next_batch()[0][:, 0].tolist() for w in ranks for _ in range(accum)]
+        starts.append(sum(step, []))
+        hashes.append(ranks[0].last_step_hash())
+        assert all(w.last_step_hash() == hashes[-1] for w in ranks)  # no communication
+    return starts, hashes
+
+
+def test_the_global_stream_gives_every_split_of_a_global_batch_the_same_sequences():
+    """Issue 25: sequence i of a run is a pure function of (seed, i), each step the next
+    global batch of 8 split among the ranks: 2 ranks x 4, 1 x 4 x 2 accumulated, 8 x 1, ...
+    train each step on the same sequences, in the same order."""
+    ref, ref_hashes = global_steps(2, 4, 1, steps=3)
+    for world, micro, accum in [(1, 4, 2), (1, 8, 1), (2, 2, 2), (4, 1, 2), (8, 1, 1)]:
+        assert global_steps(world, micro, accum, steps=3) == (ref, ref_hashes), (world, accum)
+    one = TrainWindows(TOKENS, BLOCK, 24, seed=7, rank=0, split=GlobalSplit(1, 1))
+    assert sum(ref, []) == one.starts(0, 24).tolist()  # the stream's sequences 0..23 in order
+    assert len(set(ref_hashes)) == 3 and global_steps(2, 4, 1, 3, seed=8)[1] != ref_hashes
+    assert not np.array_equal(one.starts(0, 24), train_windows(24).starts(0, 24))  # not rank 0's
+
+
+def test_a_global_stream_state_resumes_on_another_world_size_and_keeps_its_kind():
+    two = [TrainWindows(TOKENS, BLOCK, 4, 7, rank=r, split=GlobalSplit(2, 1)) for r in (0, 1)]
+    for _ in range(2):  # two steps of 8
+        for w in two:
+            w.next_batch()
+    state = two[1].state_dict()
+    assert (state["stream"], state["sequences"]) == ("global", 16)
+    one = TrainWindows(TOKENS, BLOCK, 4, 7, rank=0, split=GlobalSplit(1, 2))
+    one.load_state_dict(state)
+    step3 = torch.cat([one.next_batch()[0] for _ in range(2)])
+    assert step3[:, 0].tolist() == global_steps(2, 4, 1, steps=3)[0][2]
+    with pytest.raises(DataError, match="of the per_rank stream, this run's global"):
+        one.load_state_dict(train_windows(4).state_dict())
+    with pytest.raises(DataError, match="of the global stream, this run's per_rank"):
+        train_windows(4).load_state_dict(state)
 
 
 def test_a_state_of_the_micro_batch_counting_stream_continues_after_its_sequences():

@@ -16,7 +16,7 @@ from support.runs import train_losses
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.data.mixture import DataMix, MixtureWindows
 from gpt_ds.data.spec import DataSpec, data_specs
-from gpt_ds.data.tokens import TokenData, TrainWindows
+from gpt_ds.data.tokens import GlobalSplit, TokenData, TrainWindows
 from gpt_ds.observe.metrics import read_metrics
 
 BLOCK = 16
@@ -78,6 +78,18 @@ def second_source(tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_a_mixture_on_the_global_stream_draws_the_same_sources_and_windows_at_any_split():
+    def step(world: int, micro: int, accum: int) -> tuple[list[int], str]:
+        split = GlobalSplit(world, accum)
+        ranks = [MixtureWindows(MIX, BLOCK, micro, 5, rank=r, split=split) for r in range(world)]
+        firsts = [w.next_batch()[0][:, 0].tolist() for w in ranks for _ in range(accum)]
+        return sum(firsts, []), ranks[0].last_step_hash()
+
+    two_ranks = step(2, 4, 1)
+    assert step(1, 4, 2) == two_ranks and step(4, 2, 1) == two_ranks
+    assert {t // 5000 for t in two_ranks[0]} == {0, 1}  # both sources drawn
+
+
 def test_a_mixture_run_reports_each_source_and_resumes_exactly(
     shakespeare_dir, second_source, tmp_path
 ):

@@ -1,12 +1,16 @@
 """What a resume changes about the batch, said before training, refused unless allowed.
 
-A resume is exact only with the batch it was saved with: each rank draws its own stream of windows
-(data.TrainWindows), so another world size drops or adds streams, and another micro-batch or
-accumulation changes the sequences and tokens per step. A new split of the same per-rank batch
-(micro-batch 4 x accumulation 2 -> 8 x 1) keeps every step's sequences (the stream is counted in
-sequences, not micro-batches) but sums the gradient in another order: equal to float rounding,
-not bit-identical. Resuming that way can be what a user wants (fewer GPUs after a failure, a
-smaller micro-batch after running out of memory), but never silently.
+Runs draw their windows from one global stream (data.TrainWindows): each step takes the next
+global batch of sequences, split among the ranks. A resume with the same global batch on any
+world size, micro-batch or accumulation trains on the same sequences in the same order, its
+gradients summed in another order: equal to float rounding, not bit-identical. That is said and
+allowed. A changed global batch changes the sequences and tokens per step: refused without
+--allow_batch_change.
+
+Checkpoints of gpt_ds before the global stream keep their per-rank streams (the manifest's
+`data_stream` is absent): there another world size drops or adds streams, and any change needs
+--allow_batch_change. A new split of the same per-rank batch (micro-batch 4 x accumulation 2 ->
+8 x 1) keeps every step's sequences there too, equal to float rounding.
 """
 
 from __future__ import annotations
@@ -123,15 +127,38 @@ def batch_change_lines(manifest: Manifest, now: Batch) -> list[str]:
             f"({old_tokens:,} -> {new_tokens:,} tokens); the {manifest.iteration} steps so far "
             f"saw {manifest.iteration * old_tokens:,} tokens"
         )
-    lines.append(data_position(saved, now, manifest.iteration))
+    if manifest.data_stream == "global":
+        lines.append(global_stream_line(saved, now))
+    else:
+        lines.append(data_position(saved, now, manifest.iteration))
     return lines
 
 
+def same_sequences(manifest: Manifest, now: Batch) -> bool:
+    """Whether resuming `manifest` with `now` trains every step on the same sequences: the
+    global stream with the same global batch."""
+    return manifest.data_stream == "global" and Batch.of(manifest).sequences == now.sequences
+
+
+def global_stream_line(saved: Batch, now: Batch) -> str:
+    """Where the global stream goes on, in words."""
+    ranks = f"{now.world_size} rank{'s' if now.world_size != 1 else ''}"
+    line = f"data: the global stream goes on where it stopped, each step its next {now.sequences}"
+    if saved.sequences == now.sequences:
+        why = "the same sequences as without the change (gradients equal to float rounding)"
+    else:
+        why = f"the same order of sequences, {saved.sequences} -> {now.sequences} a step"
+    return f"{line} sequences split among {ranks}: {why}"
+
+
 def check_batch(manifest: Manifest, now: Batch, allowed: bool) -> list[str]:
-    """`batch_change_lines` when the change is allowed; a CheckpointError when it is not."""
+    """`batch_change_lines` when the change is allowed or keeps every step's sequences; a
+    CheckpointError when it is neither."""
     lines = batch_change_lines(manifest, now)
     if not lines:
         return []
+    if same_sequences(manifest, now):
+        return lines
     if allowed:
         return [*lines, "--allow_batch_change: going on; this is not an exact continuation"]
     saved = Batch.of(manifest)

@@ -55,6 +55,7 @@ class Manifest:
     tokens: int | None = None  # tokens trained on, all ranks (None: saved before it was kept)
     data: dict[str, Any] | None = None  # mixture.DataMix.identity of the data it trained on
     early_stop: dict[str, Any] | None = None  # early_stop.EarlyStop's count and best
+    data_stream: str | None = None  # data.TrainWindows.stream; None: saved before, per-rank
 
     @property
     def tokens_seen(self) -> int | None:

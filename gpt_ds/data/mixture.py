@@ -22,7 +22,7 @@ import torch
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.data.spec import data_specs
-from gpt_ds.data.tokens import TokenData, TrainWindows, load_token_data, xy_batch
+from gpt_ds.data.tokens import GlobalSplit, TokenData, TrainWindows, load_token_data, xy_batch
 
 
 @dataclass(frozen=True)
@@ -89,30 +89,38 @@ def load_mix(data_dir: list[str] | str | None, vocab_size: int, block_size: int)
 
 class MixtureWindows(TrainWindows):
     """The training windows a rank draws, from several sources in proportion to their
-    weights."""
+    weights: sequence i's source and window are both drawn at counter i of the stream."""
 
-    def __init__(self, mix: DataMix, block_size: int, batch_size: int, seed: int, rank: int):
-        super().__init__(mix.sources[0].train, block_size, batch_size, seed, rank)
-        self.per_source = [
+    def __init__(
+        self, mix: DataMix, block_size: int, batch_size: int, seed: int, rank: int,
+        split: GlobalSplit | None = None,
+    ):  # fmt: skip
+        super().__init__(mix.sources[0].train, block_size, batch_size, seed, rank, split)
+        self.per_source = [  # each scales a draw to its own length (offsets only)
             TrainWindows(s.train, block_size, batch_size, seed, rank) for s in mix.sources
         ]
         self.bounds = np.cumsum(mix.weights)[:-1]  # source k: unit in [bounds[k-1], bounds[k])
 
     def sources(self, first: int, count: int) -> np.ndarray:
-        """The source index of sequences first .. first + count - 1 of this rank's stream."""
+        """The source index of sequences first .. first + count - 1 of this stream."""
         return np.searchsorted(self.bounds, self.units(first, count, word=1), side="right")
 
+    def picks(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, window offset in it) of sequences first .. first + count - 1."""
+        picks, unit = self.sources(first, count), self.units(first, count)
+        starts = np.stack([s.offsets(unit) for s in self.per_source])
+        return picks, starts[picks, np.arange(count)]
+
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        first, count = self.sequences, self.batch_size
-        picks = self.sources(first, count)
-        unit = self.units(first, count)  # each source scales the same draw to its own length
-        starts = [s.offsets(unit) for s in self.per_source]
+        picks, starts = self.picks(self.take(), self.batch_size)
         windows = [
-            self.per_source[k].tokens[starts[k][j] : starts[k][j] + self.block_size + 1]
-            for j, k in enumerate(picks)
+            self.per_source[k].tokens[start : start + self.block_size + 1]
+            for k, start in zip(picks, starts, strict=True)
         ]
-        self.sequences += count
         return xy_batch(windows)
+
+    def step_signature(self, first: int, count: int) -> np.ndarray:
+        return np.concatenate(self.picks(first, count))
 
     def load_state_dict(self, state: dict) -> None:
         if "sequences" not in state:

@@ -10,6 +10,7 @@ accumulation split of a step does not matter.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,34 +112,64 @@ def _check_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
             )
 
 
-class TrainWindows:
-    """The training windows a rank draws: the rank's stream of windows is a pure function of
-    (seed, rank, sequence index).
+# the Philox key word of a run's one global stream (a per-rank stream uses the rank)
+GLOBAL_STREAM = 2**64 - 1
+STREAMS = ("global", "per_rank")
 
-    Sequence i starts at an offset drawn from Philox, a counter-based generator, keyed by
-    (seed, rank) at counter i: any stretch of the stream is computed directly, without drawing
-    what comes before it. So how a rank's batch is split into micro-batches (`--micro_batch_size
-    2 --grad_accum 4` or `8 --grad_accum 1`) does not change which sequences it sees, and the
-    stream's whole state is one integer, the sequences drawn so far.
+
+@dataclass(frozen=True)
+class GlobalSplit:
+    """How the ranks share each optimizer step's global batch: `world_size` ranks, each
+    drawing `grad_accum` micro-batches."""
+
+    world_size: int
+    grad_accum: int
+
+
+class TrainWindows:
+    """The training windows a rank draws, from the run's one global stream of sequences, or,
+    in runs saved before it (`split` None), from a stream of the rank's own.
+
+    Sequence i starts at an offset drawn from Philox, a counter-based generator, at counter i:
+    any stretch of a stream is computed directly, without drawing what comes before it. The
+    global stream (key: seed, GLOBAL_STREAM) is a pure function of (seed, i): each optimizer
+    step takes the next global batch from a running count (`sequences`), rank r the r-th
+    contiguous share of it and each micro-batch the next part of that share. So every step
+    trains on the same sequences at any world size, micro-batch or accumulation with the same
+    global batch. The per-rank stream (key: seed, rank) counts its own `sequences`.
 
     `next_batch()` returns (x, y) of shape (B, T): y is x shifted by one token.
     """
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int):
+    def __init__(
+        self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int,
+        split: GlobalSplit | None = None,
+    ):  # fmt: skip
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
-        self.seed, self.rank = seed, rank
-        self.sequences = 0  # drawn so far from this rank's stream
+        self.seed, self.rank, self.split = seed, rank, split
+        self.sequences = 0  # drawn so far: the run's, before this step (global); the rank's
+        self.micro_step = 0  # micro-batches of this step drawn (global stream)
+
+    @property
+    def stream(self) -> str:
+        return "per_rank" if self.split is None else "global"
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step, all ranks (global stream)."""
+        return self.split.world_size * self.split.grad_accum * self.batch_size
 
     def units(self, first: int, count: int, word: int = 0) -> np.ndarray:
-        """Uniforms in [0, 1) of sequences first .. first + count - 1 of this rank's stream:
-        each counter step gives four 64-bit words; sequence i takes word `word` after counter i
+        """Uniforms in [0, 1) of sequences first .. first + count - 1 of this stream: each
+        counter step gives four 64-bit words; sequence i takes word `word` after counter i
         (0 places its window; mixture.py draws its source from 1)."""
-        key = np.array([self.seed % 2**64, self.rank], dtype=np.uint64)
+        lane = self.rank if self.split is None else GLOBAL_STREAM
+        key = np.array([self.seed % 2**64, lane], dtype=np.uint64)
         raw = np.random.Philox(key=key, counter=first).random_raw(4 * count)[word::4]
         return (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53  # 53 random bits
 
     def starts(self, first: int, count: int) -> np.ndarray:
-        """Window offsets of sequences first .. first + count - 1 of this rank's stream."""
+        """Window offsets of sequences first .. first + count - 1 of this stream."""
         return self.offsets(self.units(first, count))
 
     def offsets(self, unit: np.ndarray) -> np.ndarray:
@@ -146,28 +177,58 @@ class TrainWindows:
         high = len(self.tokens) - self.block_size - 1  # offsets 0 .. high - 1
         return np.minimum((unit * high).astype(np.int64), high - 1)  # rounding never gives high
 
+    def take(self) -> int:
+        """The first sequence index of this rank's next micro-batch; advances the count."""
+        if self.split is None:
+            first, self.sequences = self.sequences, self.sequences + self.batch_size
+            return first
+        share = self.split.grad_accum * self.batch_size
+        first = self.sequences + self.rank * share + self.micro_step * self.batch_size
+        self.micro_step += 1
+        if self.micro_step == self.split.grad_accum:  # the step's global batch is taken
+            self.sequences, self.micro_step = self.sequences + self.global_batch, 0
+        return first
+
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = self.starts(self.sequences, self.batch_size)
-        self.sequences += self.batch_size
-        return window_batch(self.tokens, starts, self.block_size)
+        return window_batch(self.tokens, self.starts(self.take(), self.batch_size), self.block_size)
+
+    def step_signature(self, first: int, count: int) -> np.ndarray:
+        """What identifies sequences first .. first + count - 1: their window offsets."""
+        return self.starts(first, count)
+
+    def last_step_hash(self) -> str | None:
+        """A short hash of the global batch of the step drawn last (global stream; None
+        before a step or on the per-rank stream): equal at any world size and split."""
+        if self.split is None or self.sequences == 0 or self.micro_step:
+            return None
+        first = self.sequences - self.global_batch
+        signature = self.step_signature(first, self.global_batch)
+        return hashlib.blake2b(signature.tobytes(), digest_size=6).hexdigest()
 
     def state_dict(self) -> dict:
         return {
             "seed": self.seed,
             "rank": self.rank,
+            "stream": self.stream,
             "sequences": self.sequences,
             "micro_batch_size": self.batch_size,  # for the record; the state is `sequences`
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue after the state's `sequences`. A state of gpt_ds before the per-sequence
-        stream counts micro-batches (`position`): it continues after position x the saved
-        micro-batch (`micro_batch_size`, which the checkpoint loader adds from the manifest;
-        else this run's) sequences: as far along the new stream as the old run had drawn, but
-        other windows than the old code would have drawn next (not a bit-identical
-        continuation of a pre-change run)."""
+        """Continue after the state's `sequences`. A state without `stream` is per-rank. A
+        state of gpt_ds before the per-sequence stream counts micro-batches (`position`): it
+        continues after position x the saved micro-batch (`micro_batch_size`, which the
+        checkpoint loader adds from the manifest; else this run's) sequences: as far along the
+        new stream as the old run had drawn, but other windows than the old code would have
+        drawn next (not a bit-identical continuation of a pre-change run)."""
         if state["seed"] != self.seed:
             raise DataError(f"training-window state has seed {state['seed']}, this run {self.seed}")
+        saved = state.get("stream", "per_rank")
+        if saved != self.stream:
+            raise DataError(
+                f"training-window state is of the {saved} stream, this run's {self.stream}"
+            )
+        self.micro_step = 0
         if "sequences" in state:
             self.sequences = int(state["sequences"])
         else:

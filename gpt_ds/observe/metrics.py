@@ -102,10 +102,11 @@ class MetricsLogger:
         grad_norm: float | None = None,
         loss_scale: float | None = None,
         comm_seconds_per_step: float | None = None,
+        batch: str | None = None,
     ) -> dict:
         """Log `steps` iterations that took `seconds` of training (evaluation and checkpoint
         time excluded, so they do not depress the throughput figures); `tokens`: trained on
-        so far, all ranks."""
+        so far, all ranks; `batch`: a short hash of the logged step's global batch."""
         f = self.facts
         dt = max(seconds, 1e-9)
         tps = f.tokens_per_iter * steps / dt
@@ -129,6 +130,8 @@ class MetricsLogger:
             rec["comm_share"] = round(min(1.0, comm_seconds_per_step / rec["step_time_s"]), 3)
         if f.peak_flops:
             rec["mfu"] = round(rec["tflops"] * 1e12 / f.peak_flops, 4)
+        if batch is not None:
+            rec["batch"] = batch
         done = iteration - f.start_iter
         if done > 0:  # wall time per iteration so far, evaluations and checkpoints included
             rec["eta_s"] = round(
