@@ -87,3 +87,17 @@ def test_gpu_check_fills_the_card_by_the_trainers_memory_model(shakespeare_dir):
         assert predicted(best) <= 0.8 * card < predicted(2 * best), (card_gib, seen)
     assert predicted(1) < predicted(2) < predicted(4)  # activations grow with the batch
     assert card_filling_micro_batch(2**30, lambda m: 2**31) == 1  # nothing fits: 1
+
+
+def test_chunked_loss_benchmark_prints_every_row_with_its_errors(tmp_path):
+    proc = run_python(
+        [str(REPO / "benchmarks" / "chunked_loss.py"), "--tokens", "48", "--widths", "32",
+         "--reps", "1"]
+    )  # fmt: skip
+    rows = re.findall(r"^\| (.+?) \| ([\d,.]+) \| ([\d.]+) \| ([\d.e+-]+) \| ([\d.e+-]+) \|$",
+                      proc.stdout, re.M)  # fmt: skip
+    names = [r[0] for r in rows]
+    assert names == ["full logits (HF)", "chunked, one product per chunk", "chunked (default)"] * 2
+    for _, ms, ratio, err_hidden, err_weight in rows:
+        assert float(ms.replace(",", "")) > 0 and float(ratio) > 0
+        assert float(err_hidden) < 2e-2 and float(err_weight) < 2e-2  # bf16 and fp32 alike
