@@ -29,6 +29,7 @@ warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", Fu
 from gpt_ds.base import dist
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.base.launcher_world import adopt_launcher_world
+from gpt_ds.observe.watchdog import flight_recorder_env
 from gpt_ds.run.config import parse_args
 from gpt_ds.run.plan import claim_out_dir, plan_run, verify_resume
 from gpt_ds.training.trainer import Trainer
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_run(parse_args(argv))
     except GptDsError as exc:
         return refuse(exc)
+    if plan.cfg.hang_timeout != 0:  # NCCL's flight recorder dumps next to the hang's stacks
+        os.environ.update(flight_recorder_env(plan.cfg.out_dir, os.environ))
     dist.init()
     lock = None
     try:

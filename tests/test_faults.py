@@ -36,6 +36,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -618,3 +619,48 @@ def test_universal_checkpoint_tool(refs, tmp_path):
     proc = tool()
     assert proc.returncode == 2
     assert "no `latest` file names a checkpoint; give --tag (complete tags: " in proc.stderr
+
+
+# ---------------------------------------------------------------------------- 9. hangs
+HANG_TIMEOUT = 6
+
+
+@pytest.mark.parametrize("stopped", [1, 0])
+def test_a_stopped_rank_is_named_within_the_timeout(stopped, refs, launch, tmp_path):
+    """Issue 25: SIGSTOP one rank mid-training (rank 0 too, which hosts the c10d store): within
+    --hang_timeout the other writes its stacks, names the silent rank and its last phase, and
+    the run exits non-zero; no checkpoint is written or lost, and the run resumes."""
+    ref = refs.get("zero2")
+    out = tmp_path / "run"
+    run = launch(ref.args(out, max_iters=1000, hang_timeout=HANG_TIMEOUT), "hung")
+    run.wait_for(lambda: 6 in checkpoint_iters(out), "the checkpoint at iteration 6")
+    saved = checkpoint_iters(out)
+    run.rank(stopped).suspend()
+    stopped_at = time.monotonic()
+    report = out / "hang" / "report.txt"
+    run.wait_for(report.exists, "the hang report", timeout=HANG_TIMEOUT + 20, poll=0.1)
+    took = time.monotonic() - stopped_at  # the timeout, a heartbeat, the next phase's start
+    assert HANG_TIMEOUT - 1 < took < HANG_TIMEOUT + 10, took
+    # DeepSpeed's launcher then gives the stopped rank 30 s for its SIGTERM: spare the suite
+    run.rank(stopped).kill()
+    rc = run.finish(timeout=120)
+    other = 1 - stopped
+    assert rc != 0, run.tail()
+    line = next(ln for ln in run.output.splitlines() if "error: hang at iter" in ln)
+    assert line == f"error: {report.read_text().strip()}"
+    iteration = int(re.search(r"hang at iter (\d+)", line)[1])
+    assert iteration > saved[-1], line  # it was stopped while training, after that save
+    assert f"rank {stopped} silent since" in line and f"rank {other} wait in" in line, line
+    assert f"last in forward and backward of iter {iteration}" in line or (
+        f"last in all_reduce of iter {iteration}" in line
+        or f"last in engine step of iter {iteration}" in line
+    ), line
+    assert f"{out}/hang/rank<N>.txt" in line, line
+    stacks = (out / "hang" / f"rank{other}.txt").read_text()
+    assert f"rank {other}, pid" in stacks and "most recent call first" in stacks, stacks
+    assert not (out / "hang" / f"rank{stopped}.txt").exists()
+    run.cleanup()
+    assert checkpoint_iters(out)[: len(saved)] == saved  # the watchdog wrote none, lost none
+    last, tag = checkpoint_iters(out)[-1], latest(out)
+    resumed = launch(ref.args(out, resume=True, max_iters=last + 2), "resumed").finish_ok()
+    assert f"resumed from {out}/{tag} at iteration {last}" in resumed.output

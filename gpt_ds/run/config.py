@@ -144,6 +144,13 @@ class RunConfig:
         "shared among the ranks.",
     )
     log_interval: int = option(10, "Log training metrics every N iterations.")
+    hang_timeout: float | None = option(
+        None,
+        "Seconds without progress on a rank (a micro-step, an evaluation, a checkpoint write) "
+        "after which every rank still running writes its stacks to OUT_DIR/hang/, one names "
+        "the silent rank and the run exits non-zero (default: max(300, 20 x the median step), "
+        "judged from the second step on; 0: off).",
+    )
     peak_tflops: float | None = option(
         None,
         "Dense bf16 peak TFLOP/s of one GPU, for MFU (default: from the GPU's name; "
@@ -327,6 +334,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         "eval_interval": (False, True),
         "save_interval": (True, True),
         "peak_tflops": (True, False),
+        "hang_timeout": (True, True),
         "keep_last": (False, True),
         "vocab_multiple": (False, False),
         "early_stop_patience": (False, True),

@@ -35,6 +35,7 @@ from gpt_ds.observe.monitoring import EngineMonitor
 from gpt_ds.observe.peak_flops import resolve_peak
 from gpt_ds.observe.profile import StepProfiler
 from gpt_ds.observe.rss import release_freed_blocks, wants_release
+from gpt_ds.observe.watchdog import Watchdog
 from gpt_ds.run.plan import RunPlan
 from gpt_ds.training.early_stop import EarlyStop
 from gpt_ds.training.engine_build import build_engine
@@ -88,6 +89,7 @@ class Trainer:
         self.early_stop = EarlyStop(plan.cfg.early_stop_patience, plan.cfg.early_stop_min_delta)
         self.patience_ran_out = False  # the latest evaluation ends the run (--early_stop_patience)
         self.profiler: StepProfiler | None = None  # --profile's window, once the loop starts
+        self.watchdog: Watchdog | None = None  # --hang_timeout's, once the loop starts
 
     @property
     def tokens_per_iter(self) -> int:
@@ -105,6 +107,8 @@ class Trainer:
             return self._run()
         finally:
             self.stop_request.close()
+            if self.watchdog is not None:
+                self.watchdog.close()
             if self.profiler is not None:
                 self.profiler.close()
             if self.monitor is not None:
@@ -133,12 +137,17 @@ class Trainer:
         self.engine.train()
         first = self.iteration + 1
         self.profiler = StepProfiler(self.cfg.out_dir, first, self.cfg.max_iters, self.cfg.profile)
+        self.watchdog = Watchdog.start(
+            self.cfg.out_dir, dist.rank(), dist.world_size(), self.cfg.hang_timeout
+        )
         for it in range(first, self.cfg.max_iters + 1):
             t0 = time.perf_counter()
             with self.profiler.step(it):
                 stop_requested = self.train_step(it)
             if it == first:
                 self._first_step_report(time.perf_counter() - t0)
+            elif self.watchdog is not None:  # the first step's compile and warm-up: not a measure
+                self.watchdog.step_done(time.perf_counter() - t0)
             if self.after_step(it, stop_requested):
                 return 0
         return self.finish()
@@ -229,14 +238,17 @@ class Trainer:
         ga, dev = self.plan.ds.grad_accum, dist.device()
         skipped_before = self.engine.skipped_steps
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
-        for _ in range(ga):
+        for micro in range(1, ga + 1):
+            self._progress(f"forward and backward of iter {it}, micro-step {micro}/{ga}", it)
             x, y = self.train_windows.next_batch()
             loss = lm_loss(self.engine, *dist.to_device(x, y, dev=dev))
             self.engine.backward(loss)
+            self._progress(f"engine step of iter {it}, micro-step {micro}/{ga}")
             self.engine.step()
             loss_sum += loss.detach()  # stays on the device: no host sync per micro-batch
         # one tiny all-reduce per iteration: the mean loss for the log, NaN detection and the
         # stop flag, so every rank takes the same branch afterwards
+        self._progress(f"all_reduce of iter {it}'s loss and stop flag")
         total, stopping = dist.all_reduce_sum([loss_sum / ga, float(self.stop_request.requested)])
         mean_loss = total / dist.world_size()
         self._check_finite(it, mean_loss, self.engine.skipped_steps > skipped_before)
@@ -246,6 +258,11 @@ class Trainer:
         if it % self.cfg.log_interval == 0 or it == self.cfg.max_iters:
             self._log_train(it)
         return stopping > 0
+
+    def _progress(self, phase: str, it: int | None = None) -> None:
+        """A unit of work done, and what comes next, for the hang watchdog."""
+        if self.watchdog is not None:
+            self.watchdog.progress(phase, it)
 
     def _check_finite(self, it: int, mean_loss: float, step_skipped: bool) -> None:
         # without fp16's loss scaler, a skipped step means inf/NaN gradients: DeepSpeed would
@@ -347,6 +364,7 @@ class Trainer:
 
     def evaluate(self, it: int) -> None:
         """Validation loss at iteration `it`, logged; the next save at `it` carries it."""
+        self._progress(f"evaluation at iter {it}")
         ds = self.plan.ds
         res = evaluate_mix(
             self.engine,
@@ -370,6 +388,7 @@ class Trainer:
         earlier checkpoint (a save between evaluations has no val loss of its own)."""
         if self.cfg.no_checkpoint:
             return
+        self._progress(f"save {tag}")
         if self.evaluated_now and self._improves():
             self.best_val, self.best_tag = self.last_val, tag
         manifest = Manifest(
