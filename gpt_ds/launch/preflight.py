@@ -98,6 +98,14 @@ class PreflightOptions:
     project_dir: str = option(
         help="project path on every node (DeepSpeed `cd`s there)", default_factory=os.getcwd
     )
+    burn_in: bool = option(
+        False,
+        "after the checks pass, launch the real backend over the ranks for under a minute: "
+        "matmul TFLOP/s per device, all-reduce/all-gather bus bandwidth at the preset's "
+        "buckets, point-to-point per node pair; slow ones flagged (gpt_ds/launch/burn_in.py)",
+    )
+    burn_in_preset: str = option("zero2", "with --burn_in: the preset whose buckets it times")
+    burn_in_model: str = option("gpt2", "with --burn_in: the model its time per step is for")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,3 +231,17 @@ def run_preflight(opts: PreflightOptions, env: dict[str, str] | None = None) -> 
     if opts.local:
         hosts[0].checks["ssh"] = Check(None, "local")
     return PreflightResult(local, hosts, problems, listener.description)
+
+
+def burn_in_command(opts: PreflightOptions, slots: int) -> list[str]:
+    """The burn-in's launch: DeepSpeed's own runner over the hostfile (pdsh), or this machine's
+    `slots` ranks with --local, running gpt_ds/launch/burn_in.py on every rank."""
+    runner = [opts.python, "-u", "-m", "deepspeed.launcher.runner"]
+    where = ["--num_gpus", str(slots)] if opts.local else ["--hostfile", str(opts.hostfile)]
+    master = ["--master_addr", opts.master_addr] if opts.master_addr else []
+    master += ["--master_port", str(opts.master_port)]
+    ssh = ["--ssh_port", str(opts.ssh_port)] if opts.ssh_port else []
+    program = ["--module", "gpt_ds.launch.burn_in", "--deepspeed_config", opts.burn_in_preset]
+    program += ["--model", opts.burn_in_model]
+    program += [] if opts.local else ["--hostfile", str(opts.hostfile)]
+    return [*runner, *where, *master, *ssh, *program]

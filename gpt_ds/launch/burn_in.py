@@ -1,0 +1,224 @@
+"""A collective burn-in: the real backend over a launch's ranks, in under a minute, before the
+run finds a slow device or link hours in.
+
+    deepspeed --hostfile H --module gpt_ds.launch.burn_in [--hostfile H] [--deepspeed_config
+        zero2] [--model gpt2]          # gpt-ds-preflight --burn_in launches it after its checks
+
+Every rank joins the group the launcher set up (NCCL/RCCL on GPUs, gloo on CPU) and measures:
+- matrix-product TFLOP/s of its device, one rank at a time (ranks sharing a machine's cores
+  would otherwise measure each other);
+- all-reduce and all-gather bus bandwidth at the preset's bucket sizes (capped at 64 MiB on
+  CPU ranks, to stay in the minute);
+- point-to-point bandwidth between each pair of nodes (their first ranks).
+Rank 0 prints the figures per node; with three or more nodes it flags a device or link below
+half the median of the others (with two it prints them side by side), and the communication
+time the preset's optimizer step will take on the measured all-reduce bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as tdist
+
+SLOW_SHARE = 0.5  # flagged below this share of the others' median
+CPU_CAP_BYTES = 64 << 20
+
+
+@dataclass
+class NodeFigures:
+    """What one node's first rank measured (matmul: every rank's, in rank order)."""
+
+    name: str
+    matmul_tflops: list[float] = field(default_factory=list)
+    p2p_gbps: dict[str, float] = field(default_factory=dict)  # to another node, GB/s
+
+
+def matmul_tflops(device: torch.device, seconds: float = 0.5) -> float:
+    """Dense matrix-product TFLOP/s on `device` (bf16 on GPUs, fp32 on CPU)."""
+    gpu = device.type != "cpu"
+    n, dtype = (4096, torch.bfloat16) if gpu else (512, torch.float32)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    a @ b  # warm-up
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        if gpu:
+            torch.cuda.synchronize()
+        done += 1
+    return done * 2 * n**3 / (time.perf_counter() - start) / 1e12
+
+
+def bus_gbps(kind: str, nbytes: int, device: torch.device, repeats: int = 3) -> float:
+    """Bus bandwidth (GB/s) of an all-reduce or all-gather of `nbytes` per rank (NCCL-tests'
+    definition: what each link carries, comparable across world sizes)."""
+    n = tdist.get_world_size()
+    t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+    out = [torch.empty_like(t) for _ in range(n)] if kind == "all_gather" else None
+
+    def once() -> None:
+        tdist.all_gather(out, t) if out is not None else tdist.all_reduce(t)
+
+    once()
+    tdist.barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        once()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = _slowest((time.perf_counter() - start) / repeats)
+    factor = 2 * (n - 1) / n if kind == "all_reduce" else (n - 1)  # all-gather: n-1 shards in
+    return factor * nbytes / seconds / 1e9
+
+
+def _slowest(seconds: float) -> float:
+    """The largest of every rank's `seconds` (a collective ends with its slowest rank)."""
+    t = torch.tensor([seconds], dtype=torch.float64)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return float(t[0])
+
+
+def p2p_gbps(src: int, dst: int, nbytes: int, device: torch.device, repeats: int = 3) -> float:
+    """GB/s from rank `src` to rank `dst` (every rank calls; only the two take part)."""
+    me = tdist.get_rank()
+    t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+    start = time.perf_counter()
+    for _ in range(repeats + 1):
+        if _ == 1:
+            start = time.perf_counter()  # the first transfer sets up the connection
+        if me == src:
+            tdist.send(t, dst)
+        elif me == dst:
+            tdist.recv(t, src)
+    seconds = (time.perf_counter() - start) / repeats
+    return nbytes / seconds / 1e9 if me == dst else 0.0
+
+
+def slow_flags(values: dict[str, float], what: str, unit: str, advice: str) -> list[str]:
+    """A line for each entry below SLOW_SHARE of the median of the others (3+ entries)."""
+    if len(values) < 3:
+        return []
+    lines = []
+    for name, value in values.items():
+        others = statistics.median(v for k, v in values.items() if k != name)
+        if value < SLOW_SHARE * others:
+            lines.append(f"{name}: {what} {value:.3g} {unit} vs median {others:.3g}: {advice}")
+    return lines
+
+
+# ------------------------------------------------------------------------------ the launch
+def node_names(hostfile: str | None) -> list[str]:
+    """Each rank's node name: the hostfile's host of its node rank (DeepSpeed's launcher
+    numbers nodes in hostfile order), else `node N`."""
+    from gpt_ds.base import dist
+    from gpt_ds.launch.hostfile import read_hostfile
+
+    hosts = [e.host for e in read_hostfile(hostfile)] if hostfile else []
+    node = int(os.environ.get("CROSS_RANK", 0))
+    mine = hosts[node] if node < len(hosts) else f"node {node}"
+    return dist.gather_objects(mine)
+
+
+def measure(names: list[str], bucket_bytes: dict[str, int], device: torch.device) -> dict:
+    """Every figure, on every rank (rank 0's copy is the one printed)."""
+    from gpt_ds.base import dist
+
+    me, world = dist.rank(), dist.world_size()
+    mine = 0.0
+    for r in range(world):  # one rank at a time: co-located ranks share cores
+        dist.barrier()
+        if r == me:
+            mine = matmul_tflops(device)
+    tflops = dist.gather_objects(mine)
+    collectives = {
+        f"{kind} {nbytes / 2**20:.0f} MiB": bus_gbps(kind, nbytes, device)
+        for kind, nbytes in bucket_bytes.items()
+    }
+    firsts = {names[r]: r for r in reversed(range(world))}  # each node's first rank
+    links = {}
+    for a in firsts:
+        for b in firsts:
+            if a < b:
+                got = p2p_gbps(firsts[a], firsts[b], 16 << 20, device)
+                links[f"{a} -> {b}"] = max(dist.gather_objects(got))
+    return {"tflops": tflops, "collectives": collectives, "links": links}
+
+
+def bucket_sizes(preset: str, device: torch.device) -> dict[str, int]:
+    """Bytes of the preset's reduce and all-gather buckets (fp32 elements x 4 on CPU ranks,
+    16-bit x 2 on GPUs), capped on CPU ranks."""
+    from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+
+    zero = load_ds_config(preset_path(preset)).get("zero_optimization", {})
+    width = 4 if device.type == "cpu" else 2
+    sizes = {
+        "all_reduce": int(zero.get("reduce_bucket_size", 5e8)) * width,
+        "all_gather": int(zero.get("allgather_bucket_size", 5e8)) * width,
+    }
+    cap = CPU_CAP_BYTES if device.type == "cpu" else 1 << 30
+    return {k: min(v, cap) for k, v in sizes.items()}
+
+
+def report(names: list[str], figures: dict, preset: str, model: str, device: torch.device):
+    """The lines rank 0 prints: figures per node, flags, the preset's communication time."""
+    from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+    from gpt_ds.memory.communication import comm_bytes_per_step
+    from gpt_ds.model.gpt2 import resolve_shape
+
+    hosts = list(dict.fromkeys(names))
+    devices = {
+        (names[r] if names.count(names[r]) == 1 else f"{names[r]} rank {r}"): t
+        for r, t in enumerate(figures["tflops"])
+    }
+    lines = [f"burn-in: {len(names)} ranks on {len(hosts)} node(s), {tdist.get_backend()}"]
+    lines += [f"  matmul {name}: {t:.3g} TFLOP/s" for name, t in devices.items()]
+    lines += [f"  {k} bus bandwidth: {v:.3g} GB/s" for k, v in figures["collectives"].items()]
+    lines += [f"  point-to-point {k}: {v:.3g} GB/s" for k, v in figures["links"].items()]
+    if len(hosts) >= 3:
+        flags = slow_flags(devices, "matmul", "TFLOP/s", "check its clocks, power and load")
+        flags += slow_flags(figures["links"], "link", "GB/s", "check its NIC, cable, switch port")
+        lines += [f"  slow: {f}" for f in flags] or ["  no device or link below half the median"]
+    elif len(hosts) == 2:
+        lines.append("  two nodes: compare their figures above side by side")
+    stage = load_ds_config(preset_path(preset)).get("zero_optimization", {}).get("stage", 0)
+    precision = "fp32" if device.type == "cpu" else "bf16"
+    nbytes = comm_bytes_per_step(resolve_shape(model), stage, precision, len(names))
+    busbw = next(v for k, v in figures["collectives"].items() if k.startswith("all_reduce"))
+    if nbytes:
+        lines.append(
+            f"  expected communication per optimizer step ({model}, ZeRO-{stage}, {precision}, "
+            f"no accumulation): {nbytes / 1e6:,.0f} MB per rank -> "
+            f"~{nbytes / (busbw * 1e9) * 1000:,.0f} ms at the measured all-reduce bandwidth"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gpt_ds.base import dist
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hostfile", help="the launch's hostfile: names the nodes")
+    p.add_argument("--deepspeed_config", default="zero2", help="preset: bucket sizes, volume")
+    p.add_argument("--model", default="gpt2", help="model preset for the time per step")
+    p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # DeepSpeed's launcher
+    args = p.parse_args(argv)
+    dist.init()
+    try:
+        device = dist.device()
+        names = node_names(args.hostfile)
+        figures = measure(names, bucket_sizes(args.deepspeed_config, device), device)
+        if dist.is_main():
+            print("\n".join(report(names, figures, args.deepspeed_config, args.model, device)))
+    finally:
+        dist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
