@@ -8,6 +8,7 @@ file difference at the same path, as on a badly provisioned machine).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import socket
@@ -341,3 +342,55 @@ MY_SCRIPTS = [
     "env.sh", "single_node.sh", "multi_node.sh", "openmpi.sh", "run_node.sh", "slurm.sbatch",
     "docker/run.sh",
 ]  # fmt: skip
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (CFS quota)
+
+
+@contextlib.contextmanager
+def cpu_quota(pid: int, share: float):
+    """`pid` and every process it starts from now on get `share` of one core (cgroup v1)."""
+    group = CPU_CGROUP / f"gpt_ds_test_{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(int(share * 100000)))
+        (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        for proc in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (CPU_CGROUP / "cgroup.procs").write_text(proc)
+        group.rmdir()
+
+
+@pytest.mark.slow
+def test_burn_in_flags_a_throttled_node_and_passes_a_healthy_set(ssh_loopback, tmp_path):
+    """Issue 25: `--burn_in` launches gloo over three loopback nodes (each its own sshd, so one
+    node's ranks can be throttled: its sshd in a cgroup with 20% of a core). Healthy: every
+    figure, nothing flagged. Throttled: that node flagged on compute, the others not."""
+    if not os.access(CPU_CGROUP, os.W_OK):
+        pytest.skip(f"{CPU_CGROUP} is not writable here: no CPU quota for one node")
+    third = ssh_loopback.start_sshd(("127.0.0.3",))
+    try:
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
+        burn_in = ["--burn_in", "--burn_in_model", "gpt2-mini"]
+        healthy = preflight(hostfile, *common_args(tmp_path), *burn_in)
+        assert healthy.returncode == 0, healthy.stdout[-3000:] + healthy.stderr[-3000:]
+        out = healthy.stdout
+        assert "burn-in: 3 ranks on 3 node(s), gloo" in out, out[-3000:]
+        for host in ("127.0.0.1", "127.0.0.2", "127.0.0.3"):
+            assert f"matmul {host}: " in out
+        assert "all_reduce 64 MiB bus bandwidth" in out and "all_gather 64 MiB" in out
+        assert out.count("point-to-point 127.0.0.") == 3  # every pair of nodes
+        assert "no device or link below half the median" in out
+        assert "expected communication per optimizer step (gpt2-mini, ZeRO-2" in out
+        with cpu_quota(third.proc.pid, share=0.2):
+            throttled = preflight(hostfile, *common_args(tmp_path), *burn_in)
+        out = throttled.stdout
+        assert throttled.returncode == 0, out[-3000:] + throttled.stderr[-3000:]
+        assert "slow: 127.0.0.3: matmul" in out and "check its clocks" in out, out[-3000:]
+        assert "slow: 127.0.0.1: matmul" not in out and "slow: 127.0.0.2: matmul" not in out
+    finally:
+        ssh_loopback.stop_sshd(third)
