@@ -144,6 +144,8 @@ def test_export_equals_deepspeed_zero_to_fp32(stage, trained, shakespeare_dir, t
     for ours, hf in names.items():
         assert config[hf] == manifest["model"][ours], hf
     assert config["vocab_size"] == shape.tokens == 50257 and "token_vocab_size" not in config
+    # GPT-2's original key, which llama.cpp's convert_hf_to_gguf.py reads (issue 26)
+    assert config["n_ctx"] == config["n_positions"] == manifest["model"]["block_size"]
     assert (dest / "generation_config.json").is_file()
     assert json.loads((dest / export.EXPORT_RECORD).read_text())["tag"] == "final"
 

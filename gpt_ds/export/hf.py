@@ -281,6 +281,9 @@ def write_model_files(ref: CheckpointRef, dtype: torch.dtype, fmt: str, folder: 
     from gpt_ds.data.tokenizer import assets_dir
 
     model = describe_model(ref, dtype)
+    # GPT-2's original context key, which transformers 5 no longer writes: llama.cpp's
+    # convert_hf_to_gguf.py reads it (KeyError: 'n_ctx' without); transformers ignores it
+    model.config.n_ctx = model.config.n_positions
     if fmt != "hf":
         model.config.save_pretrained(folder)
         return model
