@@ -17,7 +17,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     # shellcheck disable=SC2086  # TORCH_SPEC may carry pip options on purpose
     "$VENV/bin/pip" install --quiet $TORCH_SPEC
 fi
-"$VENV/bin/pip" install --quiet -e '.[dev,bench,monitor,plot,data]'
+"$VENV/bin/pip" install --quiet -e '.[dev,bench,monitor,plot,data,gguf]'
 "$VENV/bin/python" - <<'PY'
 import deepspeed, torch, transformers
 print(f"ready: torch {torch.__version__}, deepspeed {deepspeed.__version__}, "

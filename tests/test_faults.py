@@ -661,6 +661,8 @@ def test_a_stopped_rank_is_named_within_the_timeout(stopped, refs, launch, tmp_p
     assert not (out / "hang" / f"rank{stopped}.txt").exists()
     run.cleanup()
     assert checkpoint_iters(out)[: len(saved)] == saved  # the watchdog wrote none, lost none
+    if stopped == 0:
+        return  # one resume is enough (rank 1's run below)
     last, tag = checkpoint_iters(out)[-1], latest(out)
     resumed = launch(ref.args(out, resume=True, max_iters=last + 2), "resumed").finish_ok()
     assert f"resumed from {out}/{tag} at iteration {last}" in resumed.output

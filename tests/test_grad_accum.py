@@ -189,7 +189,8 @@ def engine_state(out: Path, tag: str, stage: int) -> dict:
 def test_evaluations_and_checkpoints_land_on_optimizer_steps(stage, runs):
     """With --grad_accum 4 and --eval_interval 2, a step is 4 micro-batches: evaluations at
     steps 2 and 4 (not micro-step 2), a checkpoint whose iteration is DeepSpeed's own count
-    of optimizer steps, and every rank's stream 8 sequences further per step."""
+    of optimizer steps, and the run's global stream 16 sequences (2 ranks x 8) further per
+    step, in every rank's state alike."""
     out = runs(stage, **SPLIT)
     records = read_metrics(out)
     assert [r["iter"] for r in records if r.get("kind") == "eval"] == [2, 4]
@@ -201,7 +202,8 @@ def test_evaluations_and_checkpoints_land_on_optimizer_steps(stage, runs):
         for rank in (0, 1):
             rank_state = torch.load(out / tag / f"gpt_ds_rank{rank}.pt", weights_only=False)
             # the training windows' state: the file key keeps its old name
-            assert rank_state["sampler"]["sequences"] == it * 8
+            windows = rank_state["sampler"]
+            assert (windows["stream"], windows["sequences"]) == ("global", it * 16)
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@
     gpt-ds-export out/ --tag iter_200 --output export/ --dtype bf16
     gpt-ds-export out/ --tag best --output export/     # the checkpoint of the best val loss
     gpt-ds-export out/ --output sd/ --format safetensors
+    gpt-ds-export out/ --output model.gguf --format gguf --dtype q8_0   # llama.cpp, ollama
 
 (`python tools/zero_to_fp32.py ...` in a checkout is the same command.)
 
@@ -13,6 +14,8 @@ safetensors (tied lm_head left out, as Hugging Face does) and pt (every name) wr
 state dict next to config.json. Weights are located by DeepSpeed's own zero_to_fp32 code
 (all stages, offload or not, any world size and precision) and streamed from the memory-mapped
 checkpoint files into the output, with no copy of the model in memory; see gpt_ds/export/hf.py.
+--format gguf writes one .gguf file for llama.cpp (pip install 'gpt_ds[gguf]'; --dtype fp32,
+fp16, bf16 or q8_0); see gpt_ds/export/gguf.py.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt_ds.base.cli import option, parse, run_tool
+from gpt_ds.base.errors import CheckpointError
+from gpt_ds.export.gguf import export_gguf
 from gpt_ds.export.hf import DTYPES, FORMATS, export_checkpoint, export_summary
 
 
@@ -35,8 +40,13 @@ class ExportOptions:
     tag: str | None = option(
         None, "checkpoint tag, or 'best': the best by val loss (default: the one `latest` names)"
     )
-    format: str = option("hf", "what to write", choices=FORMATS)
-    dtype: str = option("fp32", "weights' dtype", choices=tuple(DTYPES))
+    format: str = option("hf", "what to write", choices=(*FORMATS, "gguf"))
+    dtype: str = option(
+        "fp32", "weights' dtype (q8_0: --format gguf only)", choices=(*DTYPES, "q8_0")
+    )
+    name: str | None = option(
+        None, "--format gguf: the model's name in the file (default: the run directory's)"
+    )
     max_shard_size: str = option(
         "2GB", "split weights into files of at most this size, with an index json"
     )
@@ -48,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     opts = parse(ExportOptions, argv, description=__doc__)
 
     def export() -> int:
+        if opts.format == "gguf":
+            print(export_gguf(opts.checkpoint, opts.output, tag=opts.tag, dtype=opts.dtype,
+                              name=opts.name, overwrite=opts.overwrite,
+                              progress=not opts.quiet))  # fmt: skip
+            return 0
+        if opts.dtype not in DTYPES:
+            raise CheckpointError(f"--dtype {opts.dtype} is for --format gguf only")
         result = export_checkpoint(
             opts.checkpoint,
             opts.output,
