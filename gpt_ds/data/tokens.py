@@ -114,7 +114,6 @@ def _check_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
 
 # the Philox key word of a run's one global stream (a per-rank stream uses the rank)
 GLOBAL_STREAM = 2**64 - 1
-STREAMS = ("global", "per_rank")
 
 
 @dataclass(frozen=True)

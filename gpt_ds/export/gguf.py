@@ -19,7 +19,6 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 
 from gpt_ds.base.errors import CheckpointError, GptDsError
 from gpt_ds.checkpoint import CheckpointRef
+from gpt_ds.export.stream import progress_bar
 from gpt_ds.model.gpt2 import unpadded
 
 INSTALL = "pip install 'gpt_ds[gguf]'"
@@ -95,10 +95,10 @@ def plan_tensors(gguf, weights, n_layer: int, matrices) -> list[PlannedTensor]:
         name = names.get_name(source, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise CheckpointError(f"{source}: no llama.cpp GPT-2 tensor of that name")
-        transpose = source.endswith(TRANSPOSED)
-        shape = tuple(lazy.shape)[::-1] if transpose else tuple(lazy.shape)
-        qtype = tensor_type(gguf, name, len(shape), shape, matrices)
-        planned.append(PlannedTensor(source, lazy, name, qtype, transpose))
+        tensor = PlannedTensor(source, lazy, name, None, source.endswith(TRANSPOSED))
+        shape = tensor.shape()
+        tensor.qtype = tensor_type(gguf, name, len(shape), shape, matrices)
+        planned.append(tensor)
     return planned
 
 
@@ -132,15 +132,6 @@ def check_gguf_output(output: Path, overwrite: bool) -> None:
         raise CheckpointError(f"--output {output} exists; pass --overwrite to replace it")
 
 
-def iter_progress(items: list, progress: bool) -> Iterator:
-    if not progress:
-        yield from items
-        return
-    from tqdm import tqdm
-
-    yield from tqdm(items, desc="gguf", unit="tensor")
-
-
 def write_gguf(ref: CheckpointRef, weights, output: Path, dtype: str, name: str, progress: bool):
     """The file, written to a temporary sibling and renamed into place."""
     gguf = import_gguf()
@@ -159,8 +150,10 @@ def write_gguf(ref: CheckpointRef, weights, output: Path, dtype: str, name: str,
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for tensor in iter_progress(planned, progress):
-            writer.write_tensor_data(converted(gguf, tensor, weights))
+        with progress_bar(len(planned), progress) as bar:
+            for tensor in planned:
+                writer.write_tensor_data(converted(gguf, tensor, weights))
+                bar.update(1)
         writer.close()
         os.replace(tmp, output)
     except BaseException:

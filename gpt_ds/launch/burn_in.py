@@ -157,12 +157,16 @@ def measure(names: list[str], bucket_bytes: dict[str, int], device: torch.device
     return {"tflops": tflops, "collectives": collectives, "links": links}
 
 
-def bucket_sizes(preset: str, device: torch.device) -> dict[str, int]:
-    """Bytes of the preset's reduce and all-gather buckets (fp32 elements x 4 on CPU ranks,
-    16-bit x 2 on GPUs), capped on CPU ranks."""
+def zero_section(preset: str) -> dict:
+    """The preset's `zero_optimization` section (bucket sizes, stage)."""
     from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 
-    zero = load_ds_config(preset_path(preset)).get("zero_optimization", {})
+    return load_ds_config(preset_path(preset)).get("zero_optimization", {})
+
+
+def bucket_sizes(zero: dict, device: torch.device) -> dict[str, int]:
+    """Bytes of the preset's reduce and all-gather buckets (fp32 elements x 4 on CPU ranks,
+    16-bit x 2 on GPUs), capped on CPU ranks."""
     width = 4 if device.type == "cpu" else 2
     sizes = {
         "all_reduce": int(zero.get("reduce_bucket_size", 5e8)) * width,
@@ -172,9 +176,8 @@ def bucket_sizes(preset: str, device: torch.device) -> dict[str, int]:
     return {k: min(v, cap) for k, v in sizes.items()}
 
 
-def report(names: list[str], figures: dict, preset: str, model: str, device: torch.device):
+def report(names: list[str], figures: dict, zero: dict, model: str, device: torch.device):
     """The lines rank 0 prints: figures per node, flags, the preset's communication time."""
-    from gpt_ds.dsconfig.schema import load_ds_config, preset_path
     from gpt_ds.memory.communication import comm_bytes_per_step
     from gpt_ds.model.gpt2 import resolve_shape
 
@@ -193,7 +196,7 @@ def report(names: list[str], figures: dict, preset: str, model: str, device: tor
         lines += [f"  slow: {f}" for f in flags] or ["  no device or link below half the median"]
     elif len(hosts) == 2:
         lines.append("  two nodes: compare their figures above side by side")
-    stage = load_ds_config(preset_path(preset)).get("zero_optimization", {}).get("stage", 0)
+    stage = zero.get("stage", 0)
     precision = "fp32" if device.type == "cpu" else "bf16"
     nbytes = comm_bytes_per_step(resolve_shape(model), stage, precision, len(names))
     busbw = next(v for k, v in figures["collectives"].items() if k.startswith("all_reduce"))
@@ -218,10 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     dist.init()
     try:
         device = dist.device()
-        names = node_names(args.hostfile)
-        figures = measure(names, bucket_sizes(args.deepspeed_config, device), device)
+        names, zero = node_names(args.hostfile), zero_section(args.deepspeed_config)
+        figures = measure(names, bucket_sizes(zero, device), device)
         if dist.is_main():
-            print("\n".join(report(names, figures, args.deepspeed_config, args.model, device)))
+            print("\n".join(report(names, figures, zero, args.model, device)))
     finally:
         dist.shutdown()
     return 0

@@ -108,11 +108,11 @@ def check_fresh_zero3(
 ) -> None:
     """A model built fresh under ZeRO-3 needs a transformers whose ZeRO-3 init is GPT-2's."""
     if ds.zero_stage == 3 and init.is_scratch and resume is None:
-        import transformers
+        from importlib.metadata import version  # importing transformers here would take seconds
 
         from gpt_ds.model.zero3 import zero3_init_problem
 
-        problem = zero3_init_problem(transformers.__version__)
+        problem = zero3_init_problem(version("transformers"))
         if problem:
             raise ConfigError(problem, source)
 
