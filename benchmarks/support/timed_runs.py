@@ -25,6 +25,7 @@ from support.workspace import interleaved
 
 PEERS = REPO / "benchmarks" / "peer_trainers.py"
 LR = 6e-4
+UNFUSED_ADAMW = "gpt_ds unfused AdamW"
 # row name -> how it is launched: gpt_ds flags, or a peer of peer_trainers.py
 ROWS: dict[str, tuple[str, list[str]]] = {
     "gpt_ds": ("gpt_ds", []),
@@ -33,8 +34,8 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "gpt_ds --compile": ("gpt_ds", ["--compile"]),
     # in a bf16 table: the same run in fp32 (bf16's gain over it), the peers staying in bf16
     "gpt_ds --precision fp32": ("gpt_ds", ["--precision", "fp32"]),
-    # the preset with torch's AdamW, neither fused nor DeepSpeed's FusedAdam (Setup writes it)
-    "gpt_ds unfused AdamW": ("gpt_ds", ["--deepspeed_config", "{unfused_preset}"]),
+    # runs Setup's preset with torch's AdamW, neither fused nor DeepSpeed's FusedAdam
+    UNFUSED_ADAMW: ("gpt_ds", []),
     "gpt_ds --activation_checkpointing": ("gpt_ds", ["--activation_checkpointing"]),
     "HF Trainer": ("peer", ["--trainer", "hf"]),
     "bare DeepSpeed loop": ("peer", ["--trainer", "bare"]),
@@ -91,12 +92,13 @@ def launch_command(setup: Setup, row: str, out: Path) -> list[str]:
     size += ["--block_size", s.block_size]
     if kind == "gpt_ds":
         script = TRAIN
-        rest = ["--deepspeed_config", f"zero{setup.stage}", "--model", setup.model, *size]
+        preset = setup.unfused_preset if row == UNFUSED_ADAMW else f"zero{setup.stage}"
+        rest = ["--deepspeed_config", preset, "--model", setup.model, *size]
         rest += ["--micro_batch_size", a.micro_batch_size, "--grad_accum", a.grad_accum]
         rest += ["--max_iters", a.steps, "--lr", LR, "--precision", a.precision]
         rest += ["--eval_interval", 0, "--no_checkpoint", "--log_interval", 1]
         rest += ["--data_dir", a.data_dir, "--out_dir", out]
-        rest += [str(f).format(unfused_preset=setup.unfused_preset) for f in flags]
+        rest += flags
     else:
         script = PEERS
         rest = [*flags, "--ds_config", setup.ds_file, "--data_dir", a.data_dir, *size]
