@@ -372,10 +372,10 @@ def _repair_universal_load(engine, decays: list[float]) -> None:
     - it gives every param group the first group's hyperparameters: biases and LayerNorm gains,
       gpt_ds's second group, would be weight-decayed from then on;
     - it hands every sub-group's optimizer state the *same* `step` tensor, and ZeRO-3 steps
-      torch's Adam once per sub-group, each `step += 1` in place: the second group would see
-      step n+1, n+3, ... and its bias correction drift (measured: a 2 -> 1 -> 2 resize was
-      5e-3 off in loss by the third step; with both repaired it matches the uninterrupted
-      run as a same-world-size resume does)."""
+      torch's AdamW once per sub-group, each `step += 1` in place (DeepSpeed's FusedAdam keeps
+      an int, unaffected): the second group would see step n+1, n+3, ... and its bias
+      correction drift (measured: a 2 -> 1 -> 2 resize was 5e-3 off in loss by the third step;
+      repaired, bit-identical to the uninterrupted run)."""
     for group, decay in zip(_inner_param_groups(engine), decays, strict=True):
         group["weight_decay"] = decay
     optimizer = engine.optimizer
