@@ -362,7 +362,7 @@ class Checkpointer:
 
 def _group_weight_decays(engine) -> list[float]:
     """Each optimizer param group's weight decay, as the run configured them."""
-    return [group["weight_decay"] for group in _inner_param_groups(engine)]
+    return [group["weight_decay"] for group in _inner_optimizer(engine).param_groups]
 
 
 def _repair_universal_load(engine, decays: list[float]) -> None:
@@ -376,15 +376,15 @@ def _repair_universal_load(engine, decays: list[float]) -> None:
       an int, unaffected): the second group would see step n+1, n+3, ... and its bias
       correction drift (measured: a 2 -> 1 -> 2 resize was 5e-3 off in loss by the third step;
       repaired, bit-identical to the uninterrupted run)."""
-    for group, decay in zip(_inner_param_groups(engine), decays, strict=True):
+    inner = _inner_optimizer(engine)
+    for group, decay in zip(inner.param_groups, decays, strict=True):
         group["weight_decay"] = decay
-    optimizer = engine.optimizer
-    for state in getattr(optimizer, "optimizer", optimizer).state.values():
+    for state in inner.state.values():
         if torch.is_tensor(state.get("step")):
             state["step"] = state["step"].clone()
 
 
-def _inner_param_groups(engine) -> list[dict]:
-    """The param groups of the torch optimizer under DeepSpeed's ZeRO wrapper."""
+def _inner_optimizer(engine) -> torch.optim.Optimizer:
+    """The torch optimizer under DeepSpeed's ZeRO wrapper (its param groups and state)."""
     optimizer = engine.optimizer
-    return getattr(optimizer, "optimizer", optimizer).param_groups
+    return getattr(optimizer, "optimizer", optimizer)
