@@ -29,3 +29,24 @@ def test_readme_usage_trains_like_the_quickstart():
     theirs = train_flags(quickstart, "data/shakespeare", "out/shakespeare")
     assert ours == theirs
     build_parser().parse_args(ours)  # every flag exists and parses
+
+
+MACHINE_PROBES = re.compile(
+    r"pytest\.skip\(|is_fp16_supported|detect_precision\(\)|sshd_fixture|ensure_packages"
+    r'|Path\("/sys|torch\.cuda\.is_available|gather_facts\(|shutil\.which|compile_blocker\("'
+)
+
+
+def test_every_test_module_that_probes_the_machine_is_listed():
+    """CONTRIBUTING's table of machine-dependent tests names every module that asks the machine
+    (skips, CPU/GPU facts, sshd, packages installed at test time): none can be added unseen."""
+    table = (REPO / "CONTRIBUTING.md").read_text()
+    table = table[table.index("## Tests that depend on the machine") :]
+    listed = set(re.findall(r"`(\w+\.py)`", table))
+    probing = {
+        p.name
+        for p in (REPO / "tests").glob("*.py")
+        if p.name != "test_docs.py" and MACHINE_PROBES.search(p.read_text())
+    }
+    assert probing - listed == set()
+    assert listed - {p.name for p in (REPO / "tests").glob("*.py")} == set()  # no stale rows

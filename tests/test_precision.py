@@ -1,7 +1,10 @@
 """Precision decisions for hardware this machine has and has not: GPUs by their reported native
 bf16 and compute capability (pure functions, no training pretended), and fp16 refused before
-anything is built where DeepSpeed's accelerator cannot train it (this CPU: a real launch; a
-compute capability 6.x GPU: the pure function)."""
+anything is built on CPU ranks (every CPU, with or without oneDNN's fp16: a real launch) and on
+a compute capability 6.x GPU (the pure function).
+
+Machine-independent: every CPU answer of DeepSpeed's accelerator is given to the pure functions
+as an argument; the launch takes this machine's, and both answers are refused the same way."""
 
 from __future__ import annotations
 
@@ -18,11 +21,12 @@ from gpt_ds.dsconfig.precision import (
 )
 from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
-from gpt_ds.observe.metrics import read_metrics
 
 BF16_CPU = "processor: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile\n"
 OLD_CPU = "flags : fpu sse avx2 avx512f\n"
-# this machine: does DeepSpeed's accelerator train fp16 here? (oneDNN's answer on a CPU)
+FP16_CPU = "flags : fpu avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_fp16\n"  # Xeon 6
+# this machine: does DeepSpeed's accelerator train fp16 here? (oneDNN's answer on a CPU:
+# True on AVX512-FP16 / AMX-FP16 Xeons, False on AMD EPYC and older Xeons)
 FP16_HERE = bool(get_accelerator().is_fp16_supported())
 
 
@@ -82,13 +86,23 @@ def test_fp16_refusal_on_a_cpu_says_what_to_use_instead():
     assert fp16_refusal("cpu", False, OLD_CPU, None).endswith(
         "use --precision fp32 (this CPU has no native bf16 either)"
     )
-    assert fp16_refusal("cpu", True, OLD_CPU, None) is None  # oneDNN: fp16 (AVX512-FP16)
     assert fp16_refusal("cuda", True, None, (8, 0)) is None
+
+
+def test_fp16_is_refused_on_a_cpu_that_computes_it():
+    """oneDNN's fp16 (DeepSpeed's CPU accelerator says yes): refused all the same, bf16 named."""
+    assert fp16_refusal("cpu", True, FP16_CPU, None) == (
+        "fp16 with dynamic loss scaling needs a GPU: gpt_ds does not train fp16 on CPU ranks "
+        "(this CPU computes fp16, but bf16 needs no loss scaling); use --precision bf16 (native "
+        "here: CPU reports AMX-BF16) or --precision fp32"
+    )
+    # what this machine's accelerator answers makes no difference to whether fp16 is refused
+    assert fp16_refusal("cpu", FP16_HERE, OLD_CPU, None) is not None
 
 
 def test_only_fp16_is_checked():
     assert precision_refusal("bf16") is None and precision_refusal("fp32") is None
-    assert (precision_refusal("fp16") is None) is FP16_HERE
+    assert precision_refusal("fp16") is not None  # CPU ranks, whatever the CPU
 
 
 def settings(precision: str | None) -> RunSettings:
@@ -104,9 +118,6 @@ def test_the_resolver_refuses_fp16_where_deepspeed_would():
         (pinned, None, "fp16.enabled is true in x.json"),
     ]
     for raw, forced, why in cases:
-        if FP16_HERE:
-            assert resolve_ds_config(raw, settings(forced), source="x.json").precision == "fp16"
-            continue
         with pytest.raises(ConfigError) as err:
             resolve_ds_config(raw, settings(forced), source="x.json")
         assert err.value.problems == [f"{why}: {precision_refusal('fp16')}"]
@@ -114,19 +125,17 @@ def test_the_resolver_refuses_fp16_where_deepspeed_would():
 
 @pytest.mark.slow
 def test_an_fp16_run_here_is_refused_before_the_model_is_built(shakespeare_dir, tmp_path):
-    """A real 2-rank launch with --precision fp16. Where DeepSpeed's accelerator refuses fp16
-    (this CPU) every rank stops in planning: exit 2, rank 0 says why once, and nothing was
-    built or written (not even the out dir). Where it trains fp16, the loss scale is logged."""
+    """A real 2-rank launch with --precision fp16 (a valid run otherwise: warm-up inside it):
+    every rank stops in planning, exit 2, rank 0 says why once, and nothing was built or
+    written (not even the out dir), on every CPU."""
     out = tmp_path / "run"
-    args = tiny_run_args(shakespeare_dir, out, precision="fp16", max_iters=3, eval_interval=0)
+    args = tiny_run_args(
+        shakespeare_dir, out, precision="fp16", max_iters=6, warmup_iters=2, eval_interval=0
+    )
     proc = run_deepspeed(args, check=False)
-    if FP16_HERE:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        scales = [r["loss_scale"] for r in read_metrics(out) if r.get("kind") == "train"]
-        assert len(scales) == 3 and all(s > 0 for s in scales), scales
-        return
     assert proc.returncode == 2, proc.stderr[-3000:]
     message = f"  - --precision fp16: {precision_refusal('fp16')}"
     assert proc.stderr.count(message) == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("error: invalid configuration") == 1, proc.stderr[-3000:]
     assert "Type fp16 is not supported" not in proc.stderr + proc.stdout  # DeepSpeed's own
     assert not out.exists()

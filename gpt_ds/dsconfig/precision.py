@@ -1,7 +1,7 @@
 """Which precision a run gets where the user said `auto`: bf16 where the hardware has it,
 fp16 on older GPUs DeepSpeed trains fp16 on (V100, T4), else fp32 (decided from the
 accelerator, or /proc/cpuinfo on CPU); and whether the precision a run asks for can train here
-at all (fp16 on a CPU mostly cannot, nor on a GPU of compute capability below 7.0).
+at all (fp16 on CPU ranks never does, nor on a GPU of compute capability below 7.0).
 
 The decisions are pure functions of what the hardware reports (`gpu_precision`,
 `cpu_precision`, `fp16_refusal`), so they are tested for GPUs this machine does not have; the
@@ -117,27 +117,42 @@ def fp16_refusal(
 ) -> str | None:
     """Why fp16 cannot train on `device` (None where it can), with what to use instead.
 
-    DeepSpeed's CPU accelerator accepts fp16 only where oneDNN computes it (CPUs with
-    AVX512-FP16 / AMX-FP16); its CUDA one only from compute `capability` 7.0
-    (`cuda_fp16_refusal`). Elsewhere `deepspeed.initialize` raises "Type fp16 is not
-    supported on your device." after the model is built. Said here before anything is built.
+    DeepSpeed's CUDA accelerator accepts fp16 only from compute `capability` 7.0
+    (`cuda_fp16_refusal`); elsewhere `deepspeed.initialize` raises "Type fp16 is not supported
+    on your device." after the model is built. On CPU ranks gpt_ds refuses fp16 whatever the
+    CPU (`cpu_fp16_refusal`). Said here, before anything is built.
     """
+    if device == "cpu":
+        return cpu_fp16_refusal(fp16_supported, cpuinfo)
     if fp16_supported:
         return None
     if device == "cuda" and capability is not None:
         return cuda_fp16_refusal("CUDA", capability)
-    if device != "cpu":
-        return None
+    return None
+
+
+def cpu_fp16_refusal(fp16_supported: bool, cpuinfo: str | None) -> str:
+    """Why gpt_ds trains no fp16 on CPU ranks, whether or not DeepSpeed's CPU accelerator would
+    (`fp16_supported`: oneDNN computes fp16 on AVX512-FP16 / AMX-FP16 CPUs).
+
+    fp16 with loss scaling exists for GPUs without bf16. Every x86 CPU with native fp16 also
+    has native bf16 (Sapphire Rapids and newer: AMX-BF16), which needs no loss scaling; and one
+    answer for every CPU keeps a command, and the suite, behaving the same on every machine.
+    """
     best, why = cpu_precision(cpuinfo)
     instead = (
         f"--precision bf16 (native here: {why}) or --precision fp32"
         if best == "bf16"
         else "--precision fp32 (this CPU has no native bf16 either)"
     )
-    return (
-        "fp16 with dynamic loss scaling needs a GPU: DeepSpeed's CPU accelerator refuses fp16 "
-        f"on this machine (the CPU has no native fp16 arithmetic); use {instead}"
+    here = (
+        "gpt_ds does not train fp16 on CPU ranks (this CPU computes fp16, but bf16 needs no "
+        "loss scaling)"
+        if fp16_supported
+        else "DeepSpeed's CPU accelerator refuses fp16 on this machine (the CPU has no native "
+        "fp16 arithmetic)"
     )
+    return f"fp16 with dynamic loss scaling needs a GPU: {here}; use {instead}"
 
 
 def precision_refusal(precision: str) -> str | None:
