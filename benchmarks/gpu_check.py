@@ -9,7 +9,9 @@ Steps (each a process of its own, with a time limit, its output kept in OUT/logs
 - `pytest -m gpu`, the suite's GPU subset: its summary line;
 - throughput on one GPU (benchmarks/throughput.py): GPT-2 124M at block 1024 in bf16 (fp16
   where bf16 is absent), gpt_ds with its defaults and with each speed-up toggled, the HF
-  Trainer with the same DeepSpeed config and a bare DeepSpeed loop; tokens/s, MFU, peak
+  Trainer with the same DeepSpeed config, a bare DeepSpeed loop, and the anchor: plain
+  PyTorch by nanoGPT's recipe (compiled, bf16 autocast, fused AdamW), a minimal GPT-2 and
+  GPT2LMHeadModel, gpt_ds's ratio to the faster printed under the table; tokens/s, MFU, peak
   allocator memory and the trainer's predicted peak; the micro-batch fills the card (the
   largest power of two whose predicted peak with the full logits fits 80% of it);
 - gpt2-xl under ZeRO-3 on that GPU: start-up and three steps, the trainer's own predicted and
@@ -46,6 +48,8 @@ THROUGHPUT_ROWS = [
     "gpt_ds --vocab_multiple 1",
     "HF Trainer",
     "bare DeepSpeed loop",
+    "plain PyTorch (nanoGPT recipe)",
+    "plain PyTorch (GPT2LMHeadModel)",
 ]
 # each step's time limit (seconds), in the order they run; --limit STEP=SECONDS changes one
 STEP_LIMIT_S = {"gpu tests": 300, "gpt2-xl zero3": 300, "throughput": 600}
@@ -163,8 +167,9 @@ def report(env: dict, results: dict) -> str:
 
 
 def _key_line(line: str) -> bool:
-    """A table row, a summary, or the trainer's memory and step lines."""
-    words = ("passed", "failed", "predicted", "peak memory", "iter ")
+    """A table row, a summary, the lines on the plain loops, or the trainer's memory and step
+    lines."""
+    words = ("passed", "failed", "predicted", "peak memory", "iter ", "plain PyTorch")
     return line.startswith(("|", "**")) or any(w in line for w in words)
 
 

@@ -9,9 +9,10 @@
   trainer on this engine can add.
 
 Both train `GPT2LMHeadModel` with its own loss (full logits), on random windows of the same
-`train.bin`, at the same micro-batch and accumulation. Rank 0 writes the wall-clock time at the
-end of every optimizer step (and on GPUs the allocator's peak) to `--times` (JSON), which
-throughput.py turns into tokens/s.
+`train.bin`, at the same micro-batch and accumulation (the model and the windows come from
+support/peers.py, as for plain_loop.py's loops without DeepSpeed). Rank 0 writes the
+wall-clock time at the end of every optimizer step (and on GPUs the allocator's peak) to
+`--times` (JSON), which throughput.py turns into tokens/s.
 """
 
 from __future__ import annotations
@@ -23,45 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpt_ds.data.tokens import load_token_data  # noqa: E402
-
-
-class RandomWindows(torch.utils.data.Dataset):
-    """`length` windows of `block` tokens at reproducible random offsets (labels = inputs:
-    GPT2LMHeadModel shifts them itself)."""
-
-    def __init__(self, tokens: np.ndarray, block: int, length: int, seed: int):
-        self.tokens, self.block, self.length, self.seed = tokens, block, length, seed
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        start = np.random.default_rng([self.seed, i]).integers(0, len(self.tokens) - self.block)
-        ids = torch.from_numpy(self.tokens[start : start + self.block].astype(np.int64))
-        return {"input_ids": ids, "labels": ids}
-
-
-def gpt2(args: argparse.Namespace):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(args.seed)
-    config = GPT2Config(
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        n_embd=args.n_embd,
-        n_positions=args.block_size,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    return GPT2LMHeadModel(config)
+from support.peers import RandomWindows, gpt2, train_windows  # noqa: E402
 
 
 def rank() -> int:
@@ -142,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--local_rank", type=int, default=0)  # from the deepspeed launcher
     args = p.parse_args(argv)
     ds = json.loads(Path(args.ds_config).read_text())
-    tokens = load_token_data(args.data_dir, 50257, args.block_size).train
-    batch = ds["train_batch_size"]
-    data = RandomWindows(tokens, args.block_size, 2 * batch * args.steps, args.seed)
+    data = train_windows(
+        args.data_dir, args.block_size, ds["train_batch_size"], args.steps, args.seed
+    )
     times: list[float] = []
     (run_hf if args.trainer == "hf" else run_bare)(args, ds, data, times)
     if rank() == 0:

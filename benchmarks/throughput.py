@@ -1,5 +1,6 @@
-"""Training throughput and peak memory per rank: gpt_ds against the Hugging Face Trainer and a
-bare DeepSpeed loop, with the same model, data, batch and DeepSpeed config, in one run.
+"""Training throughput and peak memory per rank: gpt_ds against the Hugging Face Trainer, a
+bare DeepSpeed loop and plain PyTorch loops, with the same model, data, batch and settings, in
+one run.
 
     python benchmarks/throughput.py                    # gpt2-tiny, gpt2-mini x ZeRO-1/2/3
     python benchmarks/throughput.py --models gpt2-tiny --stages 2 --reps 3 --steps 30
@@ -13,7 +14,12 @@ Rows, each a real `deepspeed --num_gpus RANKS` launch:
 - in a bf16 (or fp16) table, `gpt_ds --precision fp32`: the same run in fp32, so that the
   table shows what the 16-bit path gains (`--precision bf16 --rows gpt_ds "gpt_ds --precision
   fp32" "HF Trainer"` is issue 24's mixed-precision table);
-- the HF Trainer and a bare loop around `deepspeed.initialize` (benchmarks/peer_trainers.py).
+- the HF Trainer and a bare loop around `deepspeed.initialize` (benchmarks/peer_trainers.py);
+- the anchor, plain PyTorch without DeepSpeed by nanoGPT's recipe (benchmarks/plain_loop.py):
+  a minimal GPT-2 written there, and GPT2LMHeadModel; bf16 autocast in a bf16 table, fused
+  AdamW and torch.compile on GPUs (compiled on CPU by `--plain_compile on`), DDP over the
+  ranks. Under each table: gpt_ds's tokens/s as a multiple of the fastest of them, and how
+  each ran.
 Repetitions are interleaved (every row once, then again, in a rotated order) and the median
 is reported. Tokens/s counts the steps after `--warmup`, from the wall-clock time at the end
 of each optimizer step (gpt_ds: metrics.jsonl's `time`; the peers: rank 0's step callback).
@@ -62,7 +68,7 @@ DEFAULT_ROWS = [
 
 def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
     """Markdown: median tokens/s, each repetition, peak memory, ratios to the HF Trainer; on
-    GPUs also MFU and the memory model's prediction."""
+    GPUs also MFU and the memory model's prediction; under it, gpt_ds against the plain loops."""
     med = {
         r: (
             statistics.median(m.tokens_per_sec for m in ms),
@@ -92,7 +98,19 @@ def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
             f"{gib / ref_mem:.2f} |"
         )
         lines.append(line + "".join(f" {cell(row, tps)} |" for cell in extra.values()))
-    return "\n".join(lines)
+    return "\n".join(lines + anchor(med, results))
+
+
+def anchor(med: dict[str, tuple[float, float]], results: dict[str, list[Measured]]) -> list[str]:
+    """gpt_ds's tokens/s as a multiple of the fastest plain PyTorch loop's (what a loop with no
+    framework at all reaches), and how each plain loop ran; nothing without a plain row."""
+    plain = [r for r in med if ROWS[r][0] == "plain"]
+    lines = [f"- {r}: {results[r][0].note}" for r in plain]
+    if plain and "gpt_ds" in med:
+        fastest = max(plain, key=lambda r: med[r][0])
+        ratio = med["gpt_ds"][0] / med[fastest][0]
+        lines.insert(0, f"- gpt_ds: {ratio:.2f}× the tokens/s of the fastest plain loop, {fastest}")
+    return ["", *lines] if lines else []
 
 
 def gpu_columns(setup: Setup) -> dict[str, Callable[[str, float], str]]:
@@ -132,6 +150,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="ROW",
         help="which rows (default all but gpt_ds --compile and --activation_checkpointing; "
         f"{FP32_ROW!r} only in a table of another precision): " + ", ".join(map(repr, ROWS)),
+    )
+    p.add_argument(
+        "--plain_compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="torch.compile the plain PyTorch rows: auto where inductor pays off (GPUs), on "
+        "also on CPU (about a minute per launch, in the untimed warm-up)",
     )
     args = parse_launch_args(p, argv)
     if args.precision == "fp32" and FP32_ROW in args.rows:  # the gpt_ds row itself

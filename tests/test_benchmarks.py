@@ -18,6 +18,8 @@ ROWS = [
     "gpt_ds unfused AdamW",
     "HF Trainer",
     "bare DeepSpeed loop",
+    "plain PyTorch (nanoGPT recipe)",
+    "plain PyTorch (GPT2LMHeadModel)",
 ]
 
 
@@ -48,6 +50,11 @@ def test_throughput_benchmark_prints_every_row(shakespeare_dir, tmp_path):
     assert hf[3] == "1.00" and hf[4] == "1.00"  # the reference row
     unfused = next(tmp_path.glob("*unfused_AdamW/log.txt")).read_text()
     assert "optimizer: torch AdamW (torch_adam set in the config)" in unfused
+    # the anchor: gpt_ds against the faster plain PyTorch loop, and how each ran (CPU: eager)
+    anchor = r"^- gpt_ds: [\d.]+× the tokens/s of the fastest plain loop, plain PyTorch \("
+    assert re.search(anchor, proc.stdout, re.M), proc.stdout
+    note = "fp32, eager (--plain_compile on compiles), torch AdamW, DDP over 2 ranks"
+    assert all(f"- {row}: {note}" in proc.stdout for row in ROWS[-2:]), proc.stdout
 
 
 @pytest.mark.slow
@@ -101,3 +108,16 @@ def test_chunked_loss_benchmark_prints_every_row_with_its_errors(tmp_path):
     for _, ms, ratio, err_hidden, err_weight in rows:
         assert float(ms.replace(",", "")) > 0 and float(ratio) > 0
         assert float(err_hidden) < 2e-2 and float(err_weight) < 2e-2  # bf16 and fp32 alike
+
+
+def test_host_overhead_benchmark_prints_its_table(shakespeare_dir, tmp_path):
+    proc = run_benchmark(
+        "host_overhead", "--n_layer", "1", "--block_size", "64", "--rows", "gpt_ds",
+        "DeepSpeed's bf16 defaults", work_dir=tmp_path, data_dir=shakespeare_dir,
+    )  # fmt: skip
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if "|" in line}
+    assert {"gpt_ds", "DeepSpeed's bf16 defaults"} <= rows.keys(), proc.stdout
+    ours = int(rows["gpt_ds"].split("|")[-3])
+    theirs = int(rows["DeepSpeed's bf16 defaults"].split("|")[-3])
+    assert ours < theirs, proc.stdout  # the overflow check and timer's syncs are gone
+    assert "trainer: " not in proc.stdout.split("host syncs by phase")[1]

@@ -10,6 +10,8 @@
   resident set (scale.py, timed_runs).
 - `timed_runs`: timed launches of gpt_ds and of its peers (throughput.py,
   activation_checkpointing.py).
+- `peers`: what the peers of throughput.py share (peer_trainers.py, plain_loop.py): the random
+  windows of train.bin and GPT2LMHeadModel at the table's shape.
 
 A benchmark runs as `python benchmarks/X.py`, so benchmarks/ is first on sys.path and it
 imports these as `support.*`; tests/conftest.py puts benchmarks/ on sys.path for the tests.

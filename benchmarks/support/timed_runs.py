@@ -1,10 +1,13 @@
-"""Timed launches of gpt_ds and of its peers (benchmarks/peer_trainers.py): what
-benchmarks/throughput.py and benchmarks/activation_checkpointing.py measure.
+"""Timed launches of gpt_ds and of its peers (benchmarks/peer_trainers.py on DeepSpeed,
+benchmarks/plain_loop.py without it): what benchmarks/throughput.py and
+benchmarks/activation_checkpointing.py measure.
 
 `Setup` is one table (a model at a ZeRO stage); `measure` launches each of its rows `--reps`
 times, interleaved, and returns tokens/s after the warm-up and the largest rank's peak memory
-(peak RSS on CPU, the allocator's peak on GPUs) of every launch. The peers get the DeepSpeed
-config gpt_ds's own planning chain (gpt_ds.run.plan.plan_run) resolves for the gpt_ds row.
+(peak RSS on CPU, the allocator's peak on GPUs) of every launch, and the note a plain loop
+leaves on how it ran. The peers get the DeepSpeed config gpt_ds's own planning chain
+(gpt_ds.run.plan.plan_run) resolves for the gpt_ds row; the plain loops take its batch and
+optimizer settings.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from support.peak_rss import run_watched
 from support.workspace import interleaved
 
 PEERS = REPO / "benchmarks" / "peer_trainers.py"
+PLAIN = REPO / "benchmarks" / "plain_loop.py"
 LR = 6e-4
 UNFUSED_ADAMW = "gpt_ds unfused AdamW"
-# row name -> how it is launched: gpt_ds flags, or a peer of peer_trainers.py
+# row name -> how it is launched: gpt_ds flags, a peer of peer_trainers.py, or a loop of
+# plain_loop.py
 ROWS: dict[str, tuple[str, list[str]]] = {
     "gpt_ds": ("gpt_ds", []),
     "gpt_ds --loss full": ("gpt_ds", ["--loss", "full"]),
@@ -39,6 +44,9 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "gpt_ds --activation_checkpointing": ("gpt_ds", ["--activation_checkpointing"]),
     "HF Trainer": ("peer", ["--trainer", "hf"]),
     "bare DeepSpeed loop": ("peer", ["--trainer", "bare"]),
+    # no DeepSpeed: the anchor, torch.compile'd where inductor pays off (args.plain_compile)
+    "plain PyTorch (nanoGPT recipe)": ("plain", ["--model", "nanogpt"]),
+    "plain PyTorch (GPT2LMHeadModel)": ("plain", ["--model", "hf"]),
 }
 
 
@@ -82,10 +90,12 @@ class RowFailed(Exception):
 class Measured:
     tokens_per_sec: float
     peak_gib: float  # the largest rank's
+    note: str = ""  # how a plain loop ran (precision, compiled or eager)
 
 
 def launch_command(setup: Setup, row: str, out: Path) -> list[str]:
-    """The script `row` launches and its flags."""
+    """The script `row` launches and its flags (a plain loop's compile choice from
+    args.plain_compile, which only the benchmarks with plain rows define)."""
     a, s = setup.args, setup.shape
     kind, flags = ROWS[row]
     size = ["--n_layer", s.n_layer, "--n_head", s.n_head, "--n_embd", s.n_embd]
@@ -100,9 +110,10 @@ def launch_command(setup: Setup, row: str, out: Path) -> list[str]:
         rest += ["--data_dir", a.data_dir, "--out_dir", out]
         rest += flags
     else:
-        script = PEERS
+        script = PEERS if kind == "peer" else PLAIN
         rest = [*flags, "--ds_config", setup.ds_file, "--data_dir", a.data_dir, *size]
         rest += ["--steps", a.steps, "--times", out / "times.json"]
+        rest += ["--compile", a.plain_compile] if kind == "plain" else []
     return [str(x) for x in (script, *rest)]
 
 
@@ -113,24 +124,25 @@ def run_once(setup: Setup, row: str, out: Path) -> Measured:
     if run.rc != 0:
         tail = (out / "log.txt").read_text()[-4000:]
         raise RowFailed(f"{row} failed (rc {run.rc}): {' '.join(run.cmd)}\n{tail}")
-    times, gpu_peak = step_times(ROWS[row][0], out)
+    times, gpu_peak, note = step_times(ROWS[row][0], out)
     warm = setup.args.warmup
     if len(times) != setup.args.steps:
         raise RowFailed(f"{row}: {len(times)} step times for {setup.args.steps} steps ({out})")
     seconds = times[-1] - times[warm - 1]
     tps = (len(times) - warm) * setup.tokens_per_step / seconds
     peak = gpu_peak if gpu_peak is not None else run.peak_bytes / 2**30
-    return Measured(tps, peak)
+    return Measured(tps, peak, note)
 
 
-def step_times(kind: str, out: Path) -> tuple[list[float], float | None]:
-    """(wall-clock time at the end of each step, the GPU allocator's peak GiB or None)."""
+def step_times(kind: str, out: Path) -> tuple[list[float], float | None, str]:
+    """(wall-clock time at the end of each step, the GPU allocator's peak GiB or None, the
+    launch's note on how it ran or "")."""
     if kind == "gpt_ds":
         train = [r for r in read_metrics(out) if "tokens_per_sec" in r]
         gpu = max(r["peak_mem_gib"] for r in train) if torch.cuda.is_available() else None
-        return [r["time"] for r in train], gpu
+        return [r["time"] for r in train], gpu, ""
     data = json.loads((out / "times.json").read_text())
-    return data["times"], data.get("peak_gpu_gib")
+    return data["times"], data.get("peak_gpu_gib"), data.get("note", "")
 
 
 def measure(setup: Setup, reps: int) -> dict[str, list[Measured]]:
@@ -146,7 +158,7 @@ def measure(setup: Setup, reps: int) -> dict[str, list[Measured]]:
             continue
         results[row].append(m)
         print(
-            f"  {setup.model} ZeRO-{setup.stage} rep {rep + 1}: {row:<22} "
+            f"  {setup.model} ZeRO-{setup.stage} rep {rep + 1}: {row:<31} "
             f"{m.tokens_per_sec:9,.0f} tok/s  peak {m.peak_gib:.2f} GiB",
             flush=True,
         )

@@ -111,6 +111,47 @@ def any_rank(flag: bool) -> bool:
     return all_reduce_sum([1.0 if flag else 0.0])[0] > 0
 
 
+class DelayedAny:
+    """Whether any rank raised a flag, agreed on one step late so no rank waits for the answer:
+    `vote(flag)` starts this step's all-reduce and returns the previous step's outcome, which
+    has long arrived (read through pinned memory and an event on a GPU: no drained queue).
+    Every rank votes at the same points, so every rank gets the same answers."""
+
+    def __init__(self) -> None:
+        self.pending: tuple | None = None  # (work, value on the host, copy's event or None)
+
+    def vote(self, flag: bool) -> bool:
+        """This step's `flag` in; the previous step's agreement out (False the first time).
+        One process: the flag itself, at once."""
+        if not (tdist.is_initialized() and world_size() > 1):
+            return flag
+        previous = self.settle()
+        t = torch.full((1,), 1.0 if flag else 0.0, device=device())  # a fill: no copy, no wait
+        work = tdist.all_reduce(t, op=tdist.ReduceOp.MAX, async_op=True)
+        if t.device.type == "cpu":
+            self.pending = (work, t, None)
+            return previous
+        work.wait()  # a GPU stream waits for the all-reduce, the host does not
+        host = torch.empty(1, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        event = torch.Event(t.device.type)
+        event.record()
+        self.pending = (None, host, event)
+        return previous
+
+    def settle(self) -> bool:
+        """The outcome of the vote in flight now (False if none); it is then over."""
+        if self.pending is None:
+            return False
+        work, value, event = self.pending
+        self.pending = None
+        if work is not None:
+            work.wait()
+        if event is not None:
+            event.synchronize()  # only as far as the copy, queued one step ago
+        return value.tolist()[0] > 0
+
+
 def shm_buffer_paths() -> list[Path]:
     """This rank's DeepSpeed CPU all-reduce buffer in /dev/shm (the comm op never unlinks it).
 

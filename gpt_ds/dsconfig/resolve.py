@@ -101,6 +101,7 @@ def resolve_ds_config(
     grad_clip = r.grad_clip()
     r.zero_sizes()
     r.monitors()
+    r.host_syncs()
     r.leftover_autos()
     if run.load_universal:
         r.ds_config.setdefault("checkpoint", {})["load_universal"] = True
@@ -301,6 +302,26 @@ class _Resolver:
         self.notes.append(f'ZeRO sizes (were "auto"): {sizes}; {why}')
 
     # -- monitors and leftovers ----------------------------------------------------------------
+
+    def host_syncs(self) -> None:
+        """Turn off DeepSpeed's per-step host syncs that gpt_ds does without, unless the config
+        sets them: bf16's gradient overflow check (a pass over every gradient ending in
+        `.item()`; with no loss scale to adjust, the trainer itself stops on a non-finite loss
+        or gradient norm, before any save) and the throughput timer (a device synchronize at
+        each forward and step; gpt_ds times its own steps)."""
+        off = []
+        bf16 = self.ds_config.get("bf16", {})
+        if bf16.get("enabled") is True and "check_grad_overflow" not in bf16:
+            bf16["check_grad_overflow"] = False
+            off.append("bf16.check_grad_overflow")
+        throughput = self.ds_config.setdefault("timers", {}).setdefault("throughput", {})
+        if "enabled" not in throughput:
+            throughput["enabled"] = False
+            off.append("timers.throughput.enabled")
+        if off:
+            self.notes.append(
+                f"host syncs: {' and '.join(off)} false (set in the config to keep them)"
+            )
 
     def monitors(self) -> None:
         for section, (module, package, min_version) in _MONITOR_PACKAGES.items():

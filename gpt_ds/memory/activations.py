@@ -8,11 +8,11 @@ from gpt_ds.model.gpt2 import ModelShape
 
 # Saved activations per layer per (sequence position x batch x width), in bytes at 16 bits.
 # Korthikanti et al. 2022 count 34 (+ 5*a*s/h for the attention matrix). Measured on this
-# code's GPT2LMHeadModel (SDPA, dropout 0) with saved-tensor hooks: 60. Transformers' GPT-2
-# GELU ("gelu_new") is a Python tanh expression whose autograd keeps four 4h-wide tensors
-# (32 vs Korthikanti's 8); with dropout 0 no masks are kept (-2); SDPA keeps q, k, v and
-# its output (+2). tests/test_memory.py re-measures it.
-ACT_BYTES_PER_SBH_16BIT = 60
+# code's GPT2LMHeadModel (SDPA, dropout 0, torch's tanh GELU: model/gpt2.py use_fused_gelu)
+# with saved-tensor hooks: 36. With dropout 0 no masks are kept (-2); SDPA keeps q, k, v and
+# its output (+2); the GELU keeps its 4h-wide input, as Korthikanti count (transformers'
+# own "gelu_new" keeps four such tensors: 60). tests/test_memory.py re-measures it.
+ACT_BYTES_PER_SBH_16BIT = 36
 KORTHIKANTI_SBH = 34
 # SDPA (flash / memory-efficient kernels, on GPU and CPU) never materialises the a x s x s
 # attention matrix: it keeps a log-sum-exp of a*s fp32 values. Eager attention would add

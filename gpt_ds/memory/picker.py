@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.base.tool_names import preset_arg, train_script
 from gpt_ds.dsconfig.schema import PRESET_DIR
+from gpt_ds.memory.activations import ACT_BYTES_PER_SBH_16BIT
 from gpt_ds.memory.communication import comm_bytes_per_step, comm_seconds
 from gpt_ds.memory.constants import PRECISION_BYTES, GiB
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, MemoryEstimate, estimate_run
@@ -351,9 +352,10 @@ def assumptions(hw: Hardware, precision: str) -> list[str]:
         "model states (ZeRO paper, DeepSpeed 0.19 as measured): 16-bit weights 2P, 16-bit grads "
         "2P, fp32 master 4P + Adam m, v 8P; + the fp32 copy of the gradient partition made at the "
         "optimizer step (4P/N); fp32 runs: 4-byte weights and grads (stage 0: no master copy)",
-        "activations (SDPA attention, dropout 0): 60*s*b*h bytes per layer at 16 bits "
-        "(Korthikanti's 34 plus the Python GELU of transformers' GPT-2; no a*s^2 term: SDPA "
-        "never stores the attention matrix); checkpointing: 2*s*b*h per layer + one layer; "
+        f"activations (SDPA attention, dropout 0): {ACT_BYTES_PER_SBH_16BIT}*s*b*h bytes per "
+        "layer at 16 bits (Korthikanti's 34, as measured on GPT-2 with torch's tanh GELU; no "
+        "a*s^2 term: SDPA never stores the attention matrix); checkpointing: 2*s*b*h per layer "
+        "+ one layer; "
         "logits: 12 bytes * b*s*vocab (fp32 log-softmax and its gradients)",
         "buffers: reduce_bucket_size elements (x2 with overlap_comm) for ZeRO-1/2, x1 plus "
         "stage3_prefetch_bucket_size for ZeRO-3, taken from each preset (DeepSpeed defaults "

@@ -13,6 +13,7 @@ there: same value and gradients to float rounding (tests/test_chunked_loss.py co
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,9 @@ CHUNK_LOGIT_BYTES = {"cpu": 16 << 20, "gpu": 256 << 20}
 # as with one block). CPU: 64 MiB (~660 tokens of GPT-2's vocabulary). GPU: 0, one chunk per
 # block as before (its V x C add is cheap there; not yet measured).
 GRAD_BLOCK_BYTES = {"cpu": 64 << 20, "gpu": 0}
+# Benchmarks only: "gpu" makes CPU ranks walk the loss in a GPU's chunks, so that the kernel
+# launches a GPU step makes can be counted on a CPU (benchmarks/host_overhead.py).
+CHUNKS_ENV = "GPT_DS_LOSS_CHUNKS"
 
 
 def chunk_rows(vocab_size: int, device_type: str = "cuda") -> int:
@@ -227,7 +231,7 @@ def chunked_cross_entropy(
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])
     labels = labels.reshape(-1)
-    device = hidden.device.type
+    device = os.environ.get(CHUNKS_ENV) or hidden.device.type
     rows = rows or chunk_rows(weight.shape[0], device)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         if hidden.dtype == torch.float16:

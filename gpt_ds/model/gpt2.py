@@ -133,6 +133,40 @@ def gpt2_config(shape: ModelShape, dropout: float = 0.0):
     )
 
 
+# GPT-2's attention as gpt_ds trains it: transformers' own SDPA function under a name of its
+# own. transformers builds no mask for an attention implementation without a mask function
+# registered; for "sdpa" it checks, every forward, whether the position ids GPT2Model makes
+# are packed sequences (`.all()`: a host sync), and under torch.compile builds a (B,1,T,T)
+# mask and takes non-causal SDPA. gpt_ds trains on whole windows (no padding, no packing), so
+# SDPA's causal flag is the whole mask: the same kernel, no mask, no sync, eager or compiled.
+CAUSAL_SDPA = "gpt_ds_causal_sdpa"
+
+
+def register_causal_sdpa() -> str:
+    """Register CAUSAL_SDPA with transformers (idempotent); its name."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)
+    return CAUSAL_SDPA
+
+
+def use_fused_gelu(model) -> None:
+    """Give every block torch's tanh GELU where GPT-2 says "gelu_new".
+
+    transformers' "gelu_new" is a Python expression (NewGELUActivation): 8 kernels forward and
+    ~12 backward per layer over tokens x 4 x width, four such tensors kept for backward. torch's
+    `F.gelu(approximate="tanh")` is the same function in one kernel each way, keeping only its
+    input (to fp32 rounding; closer than gelu_new's own bf16 steps). Swapped in the modules,
+    not the config: the weights, config.json and every export stay GPT-2's.
+    """
+    from transformers.activations import ACT2FN
+
+    if model.config.activation_function == "gelu_new":
+        for block in model.transformer.h:
+            block.mlp.act = ACT2FN["gelu_pytorch_tanh"]
+
+
 def build_model(
     shape: ModelShape,
     dropout: float = 0.0,
@@ -140,7 +174,9 @@ def build_model(
     chunked_loss: bool = False,
     zero3_config: dict | None = None,
 ):
-    """A `GPT2LMHeadModel`: freshly initialised, or loaded from a Hugging Face directory/name.
+    """A `GPT2LMHeadModel`: freshly initialised, or loaded from a Hugging Face directory/name,
+    with causal SDPA attention that builds no mask (CAUSAL_SDPA: whole windows only) and
+    torch's fused tanh GELU (`use_fused_gelu`).
 
     With `chunked_loss` it is training_model.GPT2TrainingModel, the same model whose forward
     also computes the loss without the full logits (see `lm_loss`). `init_from` other than
@@ -154,18 +190,22 @@ def build_model(
     from gpt_ds.model.zero3 import fresh_model, hf_zero3
 
     cls = GPT2TrainingModel if chunked_loss else GPT2LMHeadModel
+    attention = register_causal_sdpa()
     if init_from == "scratch":
         cfg = gpt2_config(shape, dropout)
-        cfg._attn_implementation = "sdpa"
-        return fresh_model(cls, cfg, zero3_config)
-    with hf_zero3(zero3_config):  # transformers fills the shards as it reads the weights
-        return cls.from_pretrained(
-            init_from,
-            attn_implementation="sdpa",
-            resid_pdrop=dropout,
-            embd_pdrop=dropout,
-            attn_pdrop=dropout,
-        )
+        cfg._attn_implementation = attention
+        model = fresh_model(cls, cfg, zero3_config)
+    else:
+        with hf_zero3(zero3_config):  # transformers fills the shards as it reads the weights
+            model = cls.from_pretrained(
+                init_from,
+                attn_implementation=attention,
+                resid_pdrop=dropout,
+                embd_pdrop=dropout,
+                attn_pdrop=dropout,
+            )
+    use_fused_gelu(model)
+    return model
 
 
 def enable_activation_checkpointing(model) -> None:

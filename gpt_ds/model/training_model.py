@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from transformers import GPT2LMHeadModel
 
+from gpt_ds.base.phases import phase
 from gpt_ds.model.chunked_loss import chunked_cross_entropy
 
 
@@ -26,9 +27,10 @@ class LossHead(torch.nn.Linear):
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if targets is None:
             return super().forward(hidden)
-        return chunked_cross_entropy(
-            hidden, self.weight, targets, self.chunk_rows, self.tokens, self.grad_block
-        )
+        with phase("loss"):
+            return chunked_cross_entropy(
+                hidden, self.weight, targets, self.chunk_rows, self.tokens, self.grad_block
+            )
 
 
 class GPT2TrainingModel(GPT2LMHeadModel):

@@ -5,7 +5,9 @@ is what decides what to make faster; the profiler answers it on the run the user
 The window opens WARMUP_STEPS steps after the launch's first step (compilation, allocator and
 communicator warm-up fall before it) and covers PROFILE_STEPS steps, clipped to the run's end;
 only the training steps are inside it, not evaluations or checkpoints. Every rank writes its
-Chrome/Perfetto trace to OUT_DIR/profile/; rank 0 prints the operators by self time.
+Chrome/Perfetto trace to OUT_DIR/profile/; rank 0 prints the operators by self time and what a
+step asks of the device (kernel-launching operators and host syncs per phase, step_ops.py).
+Inside the window every host sync is marked in the trace (host_syncs.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gpt_ds.base import dist
+from gpt_ds.observe.host_syncs import marking_syncs
+from gpt_ds.observe.step_ops import count_step_ops, step_ops_table
 
 WARMUP_STEPS = 2  # after the launch's first step
 PROFILE_STEPS = 3
@@ -40,6 +44,7 @@ class StepProfiler:
         self.out = Path(out_dir) / PROFILE_DIR
         self.cuda = torch.cuda.is_available()
         self.active: profile | None = None
+        self.marks = contextlib.ExitStack()  # the host syncs marked while the window is open
         self.last_step = self.start
 
     @contextlib.contextmanager
@@ -49,6 +54,7 @@ class StepProfiler:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
             self.active = profile(activities=activities)
             self.active.start()
+            self.marks.enter_context(marking_syncs())
         yield
         if self.active is not None:
             self.last_step = it
@@ -61,6 +67,7 @@ class StepProfiler:
         if self.active is None:
             return
         prof, self.active = self.active, None
+        self.marks.close()
         if self.cuda:
             torch.cuda.synchronize()
         prof.stop()
@@ -73,3 +80,6 @@ class StepProfiler:
             f"profile of steps {self.start}-{self.last_step} (rank 0; every rank's trace in "
             f"{self.out}/, open it in https://ui.perfetto.dev):\n{table}"
         )
+        if dist.is_main():
+            ops = count_step_ops(trace, self.last_step - self.start + 1)
+            print(f"per optimizer step (rank 0):\n{step_ops_table(ops)}", flush=True)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 
 from gpt_ds.base import dist
 from gpt_ds.base.errors import GptDsError
+from gpt_ds.base.phases import phase
 from gpt_ds.base.tool_names import tool
 from gpt_ds.checkpoint import (
     Checkpointer,
@@ -40,35 +41,8 @@ from gpt_ds.run.plan import RunPlan
 from gpt_ds.training.early_stop import EarlyStop
 from gpt_ds.training.engine_build import build_engine
 from gpt_ds.training.evaluation import evaluate_mix
+from gpt_ds.training.step_results import LogWindow, PendingSteps, StepResult
 from gpt_ds.training.stop_request import StopRequest
-
-
-@dataclass
-class LogWindow:
-    """Training iterations since the last log line (losses, time spent in steps only)."""
-
-    loss_sum: float = 0.0
-    steps: int = 0
-    seconds: float = 0.0
-    since_eval: list[float] = field(default_factory=list)  # losses since the last evaluation
-
-    def add(self, loss: float, seconds: float) -> None:
-        self.loss_sum += loss
-        self.steps += 1
-        self.seconds += seconds
-        self.since_eval.append(loss)
-
-    def take_log(self) -> tuple[float, int, float]:
-        """(mean loss, steps, seconds) since the last log line, and start a new log window."""
-        mean = self.loss_sum / self.steps
-        taken = (mean, self.steps, self.seconds)
-        self.loss_sum, self.steps, self.seconds = 0.0, 0, 0.0
-        return taken
-
-    def take_eval_mean(self) -> float | None:
-        """The mean training loss since the last evaluation, and start a new eval window."""
-        losses, self.since_eval = self.since_eval, []
-        return sum(losses) / len(losses) if losses else None
 
 
 class Trainer:
@@ -83,6 +57,10 @@ class Trainer:
         self.best_tag: str | None = None
         self.last_val: float | None = None
         self.window = LogWindow()
+        self.pending = PendingSteps()  # trained, not yet read from the device
+        self.step_seconds = 0.0  # host time of the pending steps
+        self.last_grad_norm: float | None = None  # of the latest step read
+        self.stop_vote = dist.DelayedAny()
         self.monitor: EngineMonitor | None = None
         self.last_val_iter = -1  # the iteration of `last_val`
         self.tokens_seen = 0  # trained on so far, all ranks (in checkpoints and records)
@@ -232,8 +210,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ one iteration
     def train_step(self, it: int) -> bool:
-        """One optimizer step (grad_accum micro-batches); returns whether any rank was asked
-        to stop. Raises on a non-finite loss or gradient."""
+        """One optimizer step (grad_accum micro-batches); returns whether the ranks agreed to
+        stop (on a stop request seen by any rank one step earlier). Nothing here waits for the
+        device: the loss and gradient norm stay there until `read_steps`."""
         t0 = time.perf_counter()
         ga, dev = self.plan.ds.grad_accum, dist.device()
         skipped_before = self.engine.skipped_steps
@@ -241,52 +220,67 @@ class Trainer:
         for micro in range(1, ga + 1):
             self._progress(f"forward and backward of iter {it}, micro-step {micro}/{ga}", it)
             x, y = self.train_windows.next_batch()
-            loss = lm_loss(self.engine, *dist.to_device(x, y, dev=dev))
-            self.engine.backward(loss)
+            with phase("forward"):
+                loss = lm_loss(self.engine, *dist.to_device(x, y, dev=dev))
+            with phase("backward"):
+                self.engine.backward(loss)
             self._progress(f"engine step of iter {it}, micro-step {micro}/{ga}")
-            self.engine.step()
-            loss_sum += loss.detach()  # stays on the device: no host sync per micro-batch
-        # one tiny all-reduce per iteration: the mean loss for the log, NaN detection and the
-        # stop flag, so every rank takes the same branch afterwards
-        self._progress(f"all_reduce of iter {it}'s loss and stop flag")
-        total, stopping = dist.all_reduce_sum([loss_sum / ga, float(self.stop_request.requested)])
-        mean_loss = total / dist.world_size()
-        self._check_finite(it, mean_loss, self.engine.skipped_steps > skipped_before)
+            with phase("step"):
+                self.engine.step()
+            loss_sum += loss.detach()
+        # without fp16's loss scaler, a skipped step means inf/NaN gradients: DeepSpeed would
+        # go on skipping every step silently while the (huge but finite) loss is logged
+        skipped = self.plan.ds.precision != "fp16" and self.engine.skipped_steps > skipped_before
+        self.pending.add(it, loss_sum / ga, self.engine.get_global_grad_norm(), skipped)
+        self._progress(f"stop vote of iter {it}")
+        stopping = self.stop_vote.vote(self.stop_request.requested)
         self.iteration = it
         self.tokens_seen += self.tokens_per_iter
-        self.window.add(mean_loss, time.perf_counter() - t0)
+        self.step_seconds += time.perf_counter() - t0
         if it % self.cfg.log_interval == 0 or it == self.cfg.max_iters:
             self._log_train(it)
-        return stopping > 0
+        return stopping
+
+    def read_steps(self) -> None:
+        """Read the pending steps from the device (all ranks at once: a collective), add them
+        to the log window; raise on the first non-finite one, so nothing after it is saved."""
+        if not self.pending:
+            return
+        t0 = time.perf_counter()
+        self._progress(f"reading iter {self.iteration}'s loss")
+        results = self.pending.read()
+        for r in results:
+            if not r.finite:
+                self._stop_non_finite(r)
+        self.last_grad_norm = results[-1].grad_norm
+        self.window.add(results, self.step_seconds + time.perf_counter() - t0)
+        self.step_seconds = 0.0
 
     def _progress(self, phase: str, it: int | None = None) -> None:
         """A unit of work done, and what comes next, for the hang watchdog."""
         if self.watchdog is not None:
             self.watchdog.progress(phase, it)
 
-    def _check_finite(self, it: int, mean_loss: float, step_skipped: bool) -> None:
-        # without fp16's loss scaler, a skipped step means inf/NaN gradients: DeepSpeed would
-        # go on skipping every step silently while the (huge but finite) loss is logged
-        skipped = self.plan.ds.precision != "fp16" and step_skipped
-        if math.isfinite(mean_loss) and not skipped:
-            return
+    def _stop_non_finite(self, r: StepResult) -> None:
         good = latest_tag(self.cfg.out_dir)
         where = (
             f"the last good checkpoint is {self.cfg.out_dir}/{good}"
             if good
             else "no checkpoint yet"
         )
-        what = (
-            f"loss became {mean_loss}"
-            if not math.isfinite(mean_loss)
-            else "gradients became non-finite (DeepSpeed skipped the optimizer step)"
-        )
+        if not math.isfinite(r.loss):
+            what = f"loss became {r.loss}"
+        elif r.skipped:
+            what = "gradients became non-finite (DeepSpeed skipped the optimizer step)"
+        else:
+            what = f"the gradient norm became {r.grad_norm}"
         raise GptDsError(
-            f"{what} at iteration {it}; stopping without saving ({where}). "
+            f"{what} at iteration {r.iteration}; stopping without saving ({where}). "
             "Lower --lr, raise warmup, or check the data."
         )
 
     def _log_train(self, it: int) -> None:
+        self.read_steps()
         loss, steps, seconds = self.window.take_log()
         self.metrics.log_train(
             it,
@@ -295,7 +289,7 @@ class Trainer:
             self.engine.get_lr()[0],
             steps,
             seconds,
-            grad_norm=_as_float(self.engine.get_global_grad_norm()),
+            grad_norm=self.last_grad_norm,
             loss_scale=self._loss_scale(),
             comm_seconds_per_step=self.comm_seconds,
             batch=self.train_windows.last_step_hash(),
@@ -313,6 +307,8 @@ class Trainer:
         and stop. Returns True when the run stops here. The last iteration is `finish`'s."""
         if it == self.cfg.max_iters:
             return False
+        if stop_requested or _due(it, self.cfg.eval_interval) or self._save_due(it):
+            self.read_steps()  # a non-finite step stops the run before anything is saved
         if _due(it, self.cfg.eval_interval):
             self.evaluate(it)
             if self.patience_ran_out:
@@ -357,6 +353,8 @@ class Trainer:
 
     def finish(self) -> int:
         """The final evaluation and the `final` checkpoint."""
+        self.read_steps()
+        self.stop_vote.settle()  # every rank has joined the vote in flight: close it
         self.evaluate(self.cfg.max_iters)
         self.save("final")
         dist.print0(f"done: {self.cfg.max_iters} iterations, val loss {self.last_val:.4f}")

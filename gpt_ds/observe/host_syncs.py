@@ -1,0 +1,72 @@
+"""Host syncs made inside profiled steps, each named in the trace.
+
+A GPU runs ahead of the host only while nothing asks for a device value: `.item()`, `bool()`,
+`.tolist()`, `.cpu()`, a device synchronize... each waits for every kernel queued before it,
+and the GPU then idles while the host launches the next ones. torch.profiler shows `.item()`
+and `bool()` (`aten::_local_scalar_dense`) but not `.tolist()`, `.cpu()` or a synchronize;
+`SyncMarks` wraps each such call in a `host_sync::<kind>` range so the trace holds them all,
+in the phase that made them. On CPU ranks the calls are counted as a GPU would pay them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.autograd.profiler import record_function
+from torch.overrides import TorchFunctionMode
+
+SYNC_PREFIX = "host_sync::"
+# Tensor methods that copy a device value to the host and so wait for the device
+SYNC_METHODS = frozenset(
+    {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy"}
+)
+
+
+def _to_host(args: tuple, kwargs: dict) -> bool:
+    """Whether a `Tensor.to(...)` call copies a device tensor to the CPU (on CPU ranks, where
+    "cpu" is the device itself, none does)."""
+    if not isinstance(args[0], torch.Tensor) or args[0].device.type == "cpu":
+        return False
+    targets = [*args[1:], kwargs.get("device")]
+    return any(str(t).startswith("cpu") for t in targets if isinstance(t, (str, torch.device)))
+
+
+class SyncMarks(TorchFunctionMode):
+    """While active, every Tensor method call that reads a device value runs inside a
+    `host_sync::<method>` profiler range."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in SYNC_METHODS or (name == "to" and _to_host(args, kwargs)):
+            with record_function(SYNC_PREFIX + name):
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _marked(sync):
+    def synchronize(*args, **kwargs):
+        with record_function(SYNC_PREFIX + "synchronize"):
+            return sync(*args, **kwargs)
+
+    return synchronize
+
+
+@contextlib.contextmanager
+def marking_syncs() -> Iterator[None]:
+    """`SyncMarks` on, and device synchronizes (torch.cuda's, DeepSpeed's accelerator's)
+    marked the same way, until the block ends."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    cuda_sync = torch.cuda.synchronize
+    accelerator.synchronize = _marked(accelerator.synchronize)  # on the instance only
+    torch.cuda.synchronize = _marked(cuda_sync)
+    try:
+        with SyncMarks():
+            yield
+    finally:
+        del accelerator.synchronize  # the class's method again
+        torch.cuda.synchronize = cuda_sync

@@ -1,0 +1,119 @@
+"""Host overhead of a step, held by counts (never by timings): the model gpt_ds trains makes no
+host sync in its forward and backward (transformers' plain GPT-2 does), torch's tanh GELU in
+place of gelu_new computes GPT-2's function, and a profiled run's trace shows no sync of
+gpt_ds's own per step, only DeepSpeed's and torch's, each named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.launch import run_deepspeed
+from torch.profiler import ProfilerActivity, profile
+from transformers import GPT2LMHeadModel
+from transformers.activations import GELUTanh, NewGELUActivation
+
+from gpt_ds.base.phases import phase
+from gpt_ds.model.gpt2 import ModelShape, build_model, gpt2_config
+from gpt_ds.observe.host_syncs import SYNC_PREFIX, marking_syncs
+from gpt_ds.observe.step_ops import LOCAL_SCALAR, count_step_ops
+
+SHAPE = ModelShape(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=96)
+
+
+def plain_gpt2(model) -> GPT2LMHeadModel:
+    """transformers' own GPT-2 (sdpa, gelu_new) with `model`'s weights."""
+    cfg = gpt2_config(SHAPE)
+    cfg._attn_implementation = "sdpa"
+    plain = GPT2LMHeadModel(cfg)
+    plain.load_state_dict(model.state_dict())
+    return plain
+
+
+def syncs_in(fn) -> int:
+    """Host syncs `fn` makes: `_local_scalar_dense` and marked `.tolist()`/`.cpu()`/..."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof, marking_syncs():
+        fn()
+    names = [e.name for e in prof.events()]
+    return sum(n == LOCAL_SCALAR or n.startswith(SYNC_PREFIX) for n in names)
+
+
+def test_the_trained_model_is_gpt2_with_a_fused_gelu():
+    torch.manual_seed(0)
+    model = build_model(SHAPE).eval()
+    assert model.config.activation_function == "gelu_new"  # what config.json and exports say
+    assert all(isinstance(b.mlp.act, GELUTanh) for b in model.transformer.h)
+    plain = plain_gpt2(model).eval()
+    assert all(isinstance(b.mlp.act, NewGELUActivation) for b in plain.transformer.h)
+    x = torch.randint(0, SHAPE.vocab_size, (2, SHAPE.block_size))
+    ours, theirs = model(input_ids=x).logits, plain(input_ids=x).logits
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    ours16 = model.to(torch.bfloat16)(input_ids=x).logits.float()
+    torch.testing.assert_close(ours16, theirs, rtol=0.05, atol=0.05)  # bf16's own rounding
+
+
+def test_gelu_alone_matches_transformers_gelu_new():
+    x = torch.randn(4096) * 4
+    torch.testing.assert_close(GELUTanh()(x), NewGELUActivation()(x), rtol=1e-6, atol=1e-6)
+
+
+def test_forward_and_backward_make_no_host_sync():
+    """The causal attention builds no mask: no packed-sequence `.all()` per forward, where
+    transformers' own "sdpa" GPT-2 makes one (so the count can fail)."""
+    torch.manual_seed(0)
+    model = build_model(SHAPE, chunked_loss=True).train()
+    plain = plain_gpt2(model).train()
+    x = torch.randint(0, SHAPE.vocab_size, (2, SHAPE.block_size))
+    assert syncs_in(lambda: model(input_ids=x, targets=x).backward()) == 0
+    assert syncs_in(lambda: plain(input_ids=x, use_cache=False).logits.sum().backward()) >= 1
+    ours = model(input_ids=x).logits
+    torch.testing.assert_close(ours, plain(input_ids=x).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_step_ops_counts_leaves_by_phase(tmp_path):
+    """A hand-made step: 2 kernel-launching operators in forward (mm, whose nested
+    `resolve_conj` and the view do not count, and relu's clamp), one `.item()` and one
+    `.tolist()` in step, an `add` outside any phase."""
+    a = torch.ones(4, 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof, marking_syncs():
+        with phase("forward"):
+            b = (a @ a).view(16).relu()
+        with phase("step"):
+            b.sum().item()
+            b.tolist()
+        torch.add(a, 1)
+    trace = tmp_path / "rank0.steps1-1.json"
+    prof.export_chrome_trace(str(trace))
+    ops = count_step_ops(trace)
+    assert ops.steps == 1
+    assert ops.launches["forward"] == 2 and ops.by_op["aten::mm"] == 1
+    assert ops.by_op["aten::add"] == 1 and ops.launches["trainer"] >= 1  # outside the phases
+    assert ops.syncs == {"step": 2} and ops.local_scalar == 1
+    assert set(ops.by_sync) == {"step: item", "step: tolist"}
+
+
+# DeepSpeed 0.19's ZeRO-1/2 step, per parameter group (gpt_ds passes two: decayed or not):
+# masked_fill_ with a tensor value in its gradient norm (`.item()` in ATen, GPUs too) and
+# `bool()` in its clipping; torch's AdamW on CPU ranks reads its step count (`.item()`; on a
+# GPU the fused kernel reads it on the device). Nothing else, per step.
+NAMED_STEP_SYNCS = {"step: item/bool": 2, "step: __bool__": 2, "step: item": 2}
+
+
+@pytest.mark.slow
+def test_a_profiled_step_syncs_only_inside_deepspeed(shakespeare_dir, tmp_path):
+    """A bf16 ZeRO-2 run, one rank, profiled at steps 3-5 with log lines every 10 steps:
+    forward, loss, backward and the trainer's bookkeeping make no host sync; DeepSpeed's step
+    makes only the named ones."""
+    out = tmp_path / "run"
+    args = [
+        "--deepspeed_config", "zero2", "--model", "gpt2-tiny", "--n_layer", "2",
+        "--block_size", "64", "--micro_batch_size", "2", "--precision", "bf16",
+        "--max_iters", "6", "--warmup_iters", "2", "--eval_interval", "0", "--eval_iters", "1",
+        "--data_dir", str(shakespeare_dir), "--out_dir", str(out), "--profile",
+        "--no_checkpoint",
+    ]  # fmt: skip
+    stdout = run_deepspeed(args, num_gpus=1).stdout
+    assert "per optimizer step (rank 0):" in stdout
+    ops = count_step_ops(next((out / "profile").glob("rank0.*.json")))
+    per_step = {kind: ops.per_step(n) for kind, n in ops.by_sync.items()}
+    assert per_step == NAMED_STEP_SYNCS, per_step
+    assert ops.local_scalar_per_step == 6
