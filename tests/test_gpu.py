@@ -21,9 +21,13 @@ K = 6  # iterations before the resume; 2K in all
 
 
 def gpu_args(data_dir, out, **overrides) -> list[str]:
-    """tiny_run_args on the GPU's own precision (auto), dropout off."""
+    """tiny_run_args on the GPU's own precision (auto), dropout off, the schedule of the 2K
+    iterations whatever --max_iters (so a run stopped at K is the first half of it)."""
     return tiny_run_args(
-        data_dir, out, **{"precision": "auto", "eval_interval": K, "max_iters": 2 * K, **overrides}
+        data_dir,
+        out,
+        **{"precision": "auto", "eval_interval": K, "max_iters": 2 * K, "lr_decay_iters": 2 * K}
+        | overrides,
     )
 
 
@@ -46,8 +50,10 @@ def test_one_gpu_trains_with_the_defaults_and_says_which_optimizer(gpu_run):
 
 
 def test_a_resumed_gpu_run_follows_the_uninterrupted_one(gpu_run, shakespeare_dir, tmp_path):
-    """GPU kernels (atomics in the embedding backward) are not bit-reproducible: the losses
-    after the resume agree to float noise, not bit for bit as on CPU."""
+    """GPU kernels (atomics in the embedding backward) are not bit-reproducible: two launches
+    of the same run differ in the last bits of their sums, which bf16 (8 mantissa bits, ~4e-3
+    relative) rounds apart within a few steps; so the losses agree to 5e-3, not bit for bit as
+    on CPU ranks. (The same three runs on CPU ranks are bit-identical.)"""
     full, _ = gpu_run
     split = tmp_path / "split"
     run_deepspeed(gpu_args(shakespeare_dir, split, max_iters=K), num_gpus=1)
@@ -55,7 +61,7 @@ def test_a_resumed_gpu_run_follows_the_uninterrupted_one(gpu_run, shakespeare_di
     assert f"resumed from {split}/final at iteration {K}" in proc.stdout
     a, b = train_losses(full), train_losses(split)
     for i in range(1, 2 * K + 1):
-        assert b[i] == pytest.approx(a[i], rel=1e-2), i
+        assert b[i] == pytest.approx(a[i], rel=5e-3), i
 
 
 def test_the_export_of_a_gpu_run_equals_deepspeeds_converter(gpu_run, tmp_path):
