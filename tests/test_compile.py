@@ -4,12 +4,15 @@ eager, saying why."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from support.launch import run_deepspeed, tiny_run_args
 from support.runs import train_losses, val_losses
 
 from gpt_ds.observe.metrics import read_metrics
-from gpt_ds.training.compile_model import compile_blocker
+from gpt_ds.run.config import parse_args
+from gpt_ds.training.compile_model import compile_blocker, wants_compile
 
 
 def test_no_cpp_compiler_is_named(monkeypatch):
@@ -50,3 +53,22 @@ def test_a_compiled_run_follows_the_eager_run(shakespeare_dir, tmp_path):
         assert abs(comp_val[it] - value) < 1e-4, (it, comp_val[it], value)
     events = [r for r in read_metrics(tmp_path / "compiled") if r.get("event") == "compile"]
     assert len(events) == 1 and events[0]["seconds"] > 0
+
+
+def test_auto_compiles_on_gpus_only():
+    assert [wants_compile("auto", d) for d in ("cuda", "cpu")] == [True, False]
+    assert wants_compile("on", "cpu") and not wants_compile("off", "cuda")
+
+
+@pytest.mark.parametrize(("saved", "mode"), [(False, "off"), (True, "on"), ("auto", "auto")])
+def test_manifests_saved_before_auto_still_replay(saved, mode, tmp_path):
+    """A checkpoint's gpt_ds.json of a run saved `compile: false` or `true`."""
+    manifest = tmp_path / "gpt_ds.json"
+    manifest.write_text(json.dumps({"tag": "final", "config": {"compile": saved}}))
+    assert parse_args(["--config", str(manifest)]).compile == mode
+
+
+def test_the_flag_alone_means_on_and_the_default_is_auto():
+    assert parse_args(["--compile"]).compile == "on"
+    assert parse_args([]).compile == "auto"
+    assert parse_args(["--compile", "off"]).compile == "off"

@@ -41,12 +41,27 @@ def load_flag_file(path: str | Path, cls: type) -> dict[str, Any]:
             problems.append(f"{key}: not a flag of this command{hint}")
             continue
         try:
-            out[name] = _typed(value, hints[name])
+            out[name] = _typed(_from_bool(value, fields[name]), hints[name])
+            _check_choice(out[name], fields[name])
         except (TypeError, ValueError) as exc:
             problems.append(f"{key}: {exc}")
     if problems:
         raise ConfigError(problems, source=str(path))
     return out
+
+
+def _from_bool(value: Any, field: dataclasses.Field) -> Any:
+    """A true/false saved for a flag that has since become a choice (`bool_values`: the
+    choices false and true now mean)."""
+    names = field.metadata.get("bool_values")
+    return names[value] if names and isinstance(value, bool) else value
+
+
+def _check_choice(value: Any, field: dataclasses.Field) -> None:
+    choices = field.metadata.get("choices")
+    if choices and value is not None and not isinstance(value, list) and value not in choices:
+        also = " (or true/false)" if field.metadata.get("bool_values") else ""
+        raise ValueError(f"must be one of {', '.join(map(str, choices))}{also}, got {value!r}")
 
 
 def _read(path: Path) -> dict:

@@ -75,10 +75,15 @@ class RunConfig:
         "(50257 -> 50304 at 64: aligned GPU matmuls); padding rows are never predicted and are "
         "stripped on export. 1: no padding.",
     )
-    compile: bool = option(
-        False,
-        "torch.compile the model through the DeepSpeed engine (the first iteration compiles; "
-        "runs eager, saying why, where it cannot compile).",
+    compile: str = option(
+        "auto",
+        "torch.compile the model through the DeepSpeed engine: on, off, or auto (on GPUs; off "
+        "on CPU ranks, where it compiles for minutes and gains little). --compile alone: on. "
+        "The first iteration compiles; where inductor cannot work, the run trains eager and "
+        "says why.",
+        choices=("auto", "on", "off"),
+        const="on",
+        bool_values=("off", "on"),  # what manifests saved before auto existed (false / true)
     )
     profile: bool = option(
         False,

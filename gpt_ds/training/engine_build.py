@@ -27,7 +27,7 @@ from gpt_ds.model.gpt2 import (
 )
 from gpt_ds.run.config import RunConfig
 from gpt_ds.run.init_source import InitSource, export_for_loading, remove_staging
-from gpt_ds.training.compile_model import compile_engine
+from gpt_ds.training.compile_model import compile_engine, wants_compile
 
 
 def build_engine(cfg: RunConfig, shape: ModelShape, ds: ResolvedDsConfig, init: InitSource):
@@ -58,7 +58,7 @@ def build_engine(cfg: RunConfig, shape: ModelShape, ds: ResolvedDsConfig, init: 
         config=ds.config,
         lr_scheduler=_own_scheduler(cfg, ds),
     )
-    if cfg.compile:
+    if wants_compile(cfg.compile, dist.device().type):
         dist.print0(compile_engine(engine, dist.device().type))
     return engine
 

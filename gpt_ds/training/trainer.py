@@ -38,6 +38,7 @@ from gpt_ds.observe.profile import StepProfiler
 from gpt_ds.observe.rss import release_freed_blocks, wants_release
 from gpt_ds.observe.watchdog import Watchdog
 from gpt_ds.run.plan import RunPlan
+from gpt_ds.training.compile_model import wants_compile
 from gpt_ds.training.early_stop import EarlyStop
 from gpt_ds.training.engine_build import build_engine
 from gpt_ds.training.evaluation import evaluate_mix
@@ -133,7 +134,7 @@ class Trainer:
     def _first_step_report(self, seconds: float) -> None:
         """Memory after the first step; with --compile, its time (compilation included)."""
         startup.model_states(self.engine, self.estimate)
-        if self.cfg.compile:
+        if wants_compile(self.cfg.compile, dist.device().type):
             self.metrics.event(
                 {
                     "event": "compile",
