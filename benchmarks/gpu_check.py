@@ -41,8 +41,8 @@ from support.launch import TRAIN, launch_env, planned  # noqa: E402
 from support.workspace import prepare_shakespeare  # noqa: E402
 
 THROUGHPUT_ROWS = [
-    "gpt_ds",
-    "gpt_ds --compile",
+    "gpt_ds",  # compiled: --compile auto compiles on GPUs
+    "gpt_ds --compile off",
     "gpt_ds --loss full",
     "gpt_ds unfused AdamW",
     "gpt_ds --vocab_multiple 1",

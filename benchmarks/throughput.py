@@ -60,10 +60,10 @@ from gpt_ds.observe.peak_flops import resolve_peak  # noqa: E402
 REFERENCE = "HF Trainer"
 FP32_ROW = "gpt_ds --precision fp32"  # in a table of another precision only
 # --compile compiles for a minute or more per launch on a CPU: asked for by name (--rows), as
-# is activation checkpointing (benchmarks/activation_checkpointing.py measures it)
-DEFAULT_ROWS = [
-    r for r in ROWS if r not in ("gpt_ds --compile", "gpt_ds --activation_checkpointing")
-]
+# are activation checkpointing (benchmarks/activation_checkpointing.py measures it) and
+# --compile off (on a CPU the default itself; gpu_check.py names it)
+BY_NAME_ONLY = ("gpt_ds --compile", "gpt_ds --compile off", "gpt_ds --activation_checkpointing")
+DEFAULT_ROWS = [r for r in ROWS if r not in BY_NAME_ONLY]
 
 
 def table(setup: Setup, results: dict[str, list[Measured]]) -> str:

@@ -36,7 +36,8 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "gpt_ds": ("gpt_ds", []),
     "gpt_ds --loss full": ("gpt_ds", ["--loss", "full"]),
     "gpt_ds --vocab_multiple 1": ("gpt_ds", ["--vocab_multiple", "1"]),
-    "gpt_ds --compile": ("gpt_ds", ["--compile"]),
+    "gpt_ds --compile": ("gpt_ds", ["--compile"]),  # on CPU ranks too (auto: GPUs only)
+    "gpt_ds --compile off": ("gpt_ds", ["--compile", "off"]),  # on GPUs: eager, as before auto
     # in a bf16 table: the same run in fp32 (bf16's gain over it), the peers staying in bf16
     "gpt_ds --precision fp32": ("gpt_ds", ["--precision", "fp32"]),
     # runs Setup's preset with torch's AdamW, neither fused nor DeepSpeed's FusedAdam
