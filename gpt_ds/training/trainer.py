@@ -233,7 +233,7 @@ class Trainer:
         # go on skipping every step silently while the (huge but finite) loss is logged
         skipped = self.plan.ds.precision != "fp16" and self.engine.skipped_steps > skipped_before
         self.pending.add(it, loss_sum / ga, self.engine.get_global_grad_norm(), skipped)
-        self._progress(f"stop vote of iter {it}")
+        self._progress(f"all_reduce of iter {it}'s stop vote")
         stopping = self.stop_vote.vote(self.stop_request.requested)
         self.iteration = it
         self.tokens_seen += self.tokens_per_iter
@@ -248,7 +248,7 @@ class Trainer:
         if not self.pending:
             return
         t0 = time.perf_counter()
-        self._progress(f"reading iter {self.iteration}'s loss")
+        self._progress(f"all_reduce of iter {self.iteration}'s losses (read from the device)")
         results = self.pending.read()
         for r in results:
             if not r.finite:
