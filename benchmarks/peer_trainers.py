@@ -29,7 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from support.peers import RandomWindows, gpt2, train_windows  # noqa: E402
+from support.peers import RandomWindows, add_run_arguments, gpt2, train_windows  # noqa: E402
 
 
 def rank() -> int:
@@ -99,15 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trainer", choices=("hf", "bare"), required=True)
     p.add_argument("--ds_config", required=True, help="a resolved DeepSpeed config (JSON)")
-    p.add_argument("--data_dir", required=True)
-    p.add_argument("--n_layer", type=int, required=True)
-    p.add_argument("--n_head", type=int, required=True)
-    p.add_argument("--n_embd", type=int, required=True)
-    p.add_argument("--block_size", type=int, required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--times", required=True, help="rank 0 writes step end times here")
-    p.add_argument("--local_rank", type=int, default=0)  # from the deepspeed launcher
+    add_run_arguments(p)
     args = p.parse_args(argv)
     ds = json.loads(Path(args.ds_config).read_text())
     data = train_windows(

@@ -40,7 +40,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from support.peers import RandomWindows, gpt2, train_windows  # noqa: E402
+from support.peers import RandomWindows, add_run_arguments, gpt2, train_windows  # noqa: E402
 
 PADDED_VOCAB = 50304  # GPT-2's 50257 rounded up to a multiple of 64: faster matmuls
 IGNORED = -100  # the target of each window's last position: no next token there
@@ -276,15 +276,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="torch.compile the model (auto: on CUDA only, where inductor pays off)",
     )
-    p.add_argument("--data_dir", required=True)
-    p.add_argument("--n_layer", type=int, required=True)
-    p.add_argument("--n_head", type=int, required=True)
-    p.add_argument("--n_embd", type=int, required=True)
-    p.add_argument("--block_size", type=int, required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--times", required=True, help="rank 0 writes step end times here")
-    p.add_argument("--local_rank", type=int, default=0)  # from the deepspeed launcher
+    add_run_arguments(p)
     return p.parse_args(argv)
 
 

@@ -52,3 +52,16 @@ def gpt2(args: argparse.Namespace):
         attn_implementation="sdpa",
     )
     return GPT2LMHeadModel(config)
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags every peer of throughput.py takes: the model, the data, the steps timed."""
+    p.add_argument("--data_dir", required=True)
+    p.add_argument("--n_layer", type=int, required=True)
+    p.add_argument("--n_head", type=int, required=True)
+    p.add_argument("--n_embd", type=int, required=True)
+    p.add_argument("--block_size", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--times", required=True, help="rank 0 writes step end times here")
+    p.add_argument("--local_rank", type=int, default=0)  # from the deepspeed launcher
