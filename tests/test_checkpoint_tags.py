@@ -3,6 +3,7 @@ sampling and the universal tool share (complete tags, `latest`, fall-back, file 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -16,11 +17,15 @@ from gpt_ds.checkpoint.tags import partial_dirs
 SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32, "vocab_size": 50257}
 
 
-def make_tag(out: Path, tag: str, iteration: int, manifest: bool = True) -> Path:
-    """A tag directory with one 'DeepSpeed' file of 10 bytes, and its manifest."""
+def make_tag(
+    out: Path, tag: str, iteration: int, manifest: bool = True, checksums: bool = True
+) -> Path:
+    """A tag directory with one 'DeepSpeed' file of 10 bytes, and its manifest (with the
+    file's checksum, as gpt_ds writes it, unless `checksums` is false)."""
     d = out / tag
     d.mkdir(parents=True)
     (d / "mp_rank_00_model_states.pt").write_bytes(b"0123456789")
+    digest = hashlib.sha256(b"0123456789").hexdigest()
     if manifest:
         Manifest(
             tag=tag,
@@ -30,6 +35,8 @@ def make_tag(out: Path, tag: str, iteration: int, manifest: bool = True) -> Path
             model=SHAPE,
             config={"seed": 1},
             files={"mp_rank_00_model_states.pt": 10},
+            checksums={"mp_rank_00_model_states.pt": digest} if checksums else {},
+            checksum_algorithm="sha256" if checksums else None,
         ).write(d)
     return d
 
@@ -136,6 +143,7 @@ def saved_manifest(**fields) -> Manifest:
         files={},
         micro_batch_size=4,
         grad_accum=2,
+        data_stream="per_rank",  # each rank's own stream, as gpt_ds drew before the global one
     )
     return Manifest(**{**base, **fields})
 

@@ -25,6 +25,7 @@ from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.checkpoint import Manifest
+from gpt_ds.checkpoint.manifest import migrate
 from gpt_ds.checkpoint.batch import with_saved_micro_batch
 from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.observe.metrics import read_metrics
@@ -135,17 +136,21 @@ def test_a_global_stream_state_resumes_on_another_world_size_and_keeps_its_kind(
 
 def test_a_state_of_the_micro_batch_counting_stream_continues_after_its_sequences():
     """Before the per-sequence stream, the state was `position`, micro-batches drawn: it
-    continues after position x the checkpoint's micro-batch (the manifest's), else this
-    run's."""
+    continues after position x the checkpoint's micro-batch (its manifest's, which then held
+    it only in the run's flags: `migrate` reads that layout), else this run's."""
     old = {"seed": 7, "rank": 1, "position": 5}
     manifest = Manifest(
-        tag="iter_5",
-        iteration=5,
-        world_size=2,
-        zero_stage=2,
-        model={"block_size": BLOCK},
-        config={"micro_batch_size": 3, "grad_accum": 1},
-        files={},
+        **migrate(
+            {
+                "tag": "iter_5",
+                "iteration": 5,
+                "world_size": 2,
+                "zero_stage": 2,
+                "model": {"block_size": BLOCK},
+                "config": {"micro_batch_size": 3, "grad_accum": 1},
+                "files": {},
+            }
+        )
     )
     s = train_windows(6, rank=1)
     s.load_state_dict(with_saved_micro_batch(old, manifest))

@@ -11,7 +11,7 @@ import pytest
 from support.launch import TRAIN, run_python, tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.dsconfig.run_length import with_budget
+from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, run_length
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.run.config import length_problems, parse_args
 
@@ -21,14 +21,22 @@ def cfg(*flags: str):
 
 
 def test_a_token_budget_rounds_up_to_whole_steps():
-    run, line = with_budget(cfg("--max_tokens", "1000"), tokens_per_iter=256, train_tokens=10**6)
-    assert run.max_iters == 4  # 1000 / 256 = 3.9
-    assert line == "run length: 4 iterations from --max_tokens 1,000 (256 tokens each)"
+    asked = cfg("--max_tokens", "1000")
+    length = run_length(asked, tokens_per_iter=256, train_tokens=10**6)
+    assert (length.max_iters, length.decay_iters) == (4, 4)  # 1000 / 256 = 3.9
+    assert length.line == "run length: 4 iterations from --max_tokens 1,000 (256 tokens each)"
+    assert asked.max_iters is None  # the config keeps what was asked
 
 
 def test_an_epoch_budget_counts_the_train_split():
-    run, _ = with_budget(cfg("--max_epochs", "2.5"), tokens_per_iter=1000, train_tokens=10_001)
-    assert run.max_iters == 26  # ceil(25_002.5 -> 25_003 tokens / 1000)
+    length = run_length(cfg("--max_epochs", "2.5"), tokens_per_iter=1000, train_tokens=10_001)
+    assert length.max_iters == 26  # ceil(25_002.5 -> 25_003 tokens / 1000)
+
+
+def test_a_length_in_steps_is_the_flag_or_the_default():
+    assert run_length(cfg(), 256, 10**6).max_iters == DEFAULT_MAX_ITERS
+    length = run_length(cfg("--max_iters", "30", "--lr_decay_iters", "20"), 256, 10**6)
+    assert (length.max_iters, length.decay_iters, length.line) == (30, 20, None)
 
 
 def test_conflicting_or_bad_budgets_are_named():
@@ -39,9 +47,12 @@ def test_conflicting_or_bad_budgets_are_named():
         "--max_iters and --max_epochs both given: give one"
     ]
     assert length_problems(cfg("--max_epochs", "0")) == ["--max_epochs must be > 0, got 0.0"]
+    assert length_problems(cfg("--max_iters", "200", "--max_tokens", "10")) == [
+        "--max_iters and --max_tokens both given: give one"
+    ]  # the default's value given on purpose is still a conflict
     decay_beyond = dataclasses.replace(cfg("--max_tokens", "512"), lr_decay_iters=10)
     with pytest.raises(ConfigError, match="--lr_decay_iters 10 is beyond the 2 steps"):
-        with_budget(decay_beyond, tokens_per_iter=256, train_tokens=10**6)
+        run_length(decay_beyond, tokens_per_iter=256, train_tokens=10**6)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import json
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -22,12 +23,17 @@ FLAG = "config"
 _NOT_REPLAYED = {"config", "local_rank"}  # the file itself; set by the launcher
 
 
-def load_flag_file(path: str | Path, cls: type) -> dict[str, Any]:
-    """{field: value} from a JSON or YAML file, each value checked against `cls`'s field."""
+def load_flag_file(
+    path: str | Path,
+    cls: type,
+    replayed: Callable[[dict[str, Any]], dict[str, Any]] = lambda manifest: manifest["config"],
+) -> dict[str, Any]:
+    """{field: value} from a JSON or YAML file, each value checked against `cls`'s field. A
+    checkpoint manifest gives the flags `replayed` takes from it (its run config)."""
     path = Path(path)
     values = _read(path)
     if isinstance(values.get("config"), dict):  # a checkpoint manifest: replay its run config
-        values = values["config"]
+        values = replayed(values)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = get_type_hints(cls)
     out, problems = {}, []

@@ -15,6 +15,11 @@ from gpt_ds.checkpoint.checkpointer import (
     check_same_data,
     damaged_files,
 )
+from gpt_ds.checkpoint.integrity import (
+    ALLOW_HELP,
+    UnverifiedCheckpoint,
+    unverified_reason,
+)
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest
 from gpt_ds.checkpoint.tags import (
     LATEST,
@@ -29,6 +34,9 @@ from gpt_ds.checkpoint.tags import (
 from gpt_ds.checkpoint.universal import convert_on_rank0, convert_to_universal, needs_universal
 
 __all__ = [
+    "ALLOW_HELP",
+    "UnverifiedCheckpoint",
+    "unverified_reason",
     "LATEST",
     "MANIFEST",
     "CheckpointRef",

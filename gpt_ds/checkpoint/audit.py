@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.checkpoint.integrity import ALGORITHM, checksum_problems
+from gpt_ds.checkpoint.integrity import checksum_problems, unverified_reason
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest
 from gpt_ds.checkpoint.tags import LATEST, complete_tags, file_problems, latest_tag, partial_dirs
 
@@ -39,11 +39,9 @@ def audit_tag(tag_dir: Path, manifest: Manifest) -> TagAudit:
     problems = file_problems(tag_dir, manifest)
     if not problems:
         problems = checksum_problems(tag_dir, manifest, list(manifest.files))
-    note = ""
-    if manifest.universal:
-        note = f"universal (converted from {manifest.source_tag}): sizes of its source not checked"
-    elif manifest.checksum_algorithm != ALGORITHM:
-        note = "sizes only (saved before gpt_ds recorded checksums)"
+    note = f"universal, from {manifest.source_tag}" if manifest.universal else ""
+    if why := unverified_reason(manifest):
+        note = f"UNVERIFIED: sizes only, {why}"
     return TagAudit(
         tag=tag_dir.name,
         iteration=manifest.iteration,

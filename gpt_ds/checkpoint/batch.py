@@ -30,11 +30,10 @@ class Batch:
 
     @classmethod
     def of(cls, manifest: Manifest) -> Batch:
-        config = manifest.config
         return cls(
             world_size=manifest.world_size,
-            micro_batch_size=manifest.micro_batch_size or config.get("micro_batch_size"),
-            grad_accum=manifest.grad_accum or config.get("grad_accum"),
+            micro_batch_size=manifest.micro_batch_size,
+            grad_accum=manifest.grad_accum,
             block_size=int(manifest.model["block_size"]),
         )
 

@@ -228,19 +228,9 @@ class Checkpointer:
         # made here, not by DeepSpeed: its makedirs logs a failure and carries on, and the
         # error a user then sees is torch's "Parent directory ... does not exist"
         staging.mkdir(parents=True, exist_ok=True)
-        client_state = {
-            "gpt_ds": {
-                "iteration": manifest.iteration,
-                "tag": manifest.tag,
-                "val_loss": manifest.val_loss,
-                "best_val_loss": manifest.best_val_loss,
-                "best_tag": manifest.best_tag,
-                "precision": manifest.precision,
-            }
-        }
-        engine.save_checkpoint(
-            str(self.out_dir), tag=staging.name, client_state=client_state, save_latest=False
-        )
+        # no client_state: the manifest holds gpt_ds's state, and the rank file what DeepSpeed
+        # keeps of rank 0 only
+        engine.save_checkpoint(str(self.out_dir), tag=staging.name, save_latest=False)
         rank_file = staging / rank_state_name(dist.rank())
         tmp = rank_file.with_suffix(".tmp")
         torch.save({"rng": capture_rng(), WINDOWS_KEY: train_windows.state_dict()}, tmp)

@@ -5,6 +5,10 @@ byte flipped in transit); loading it gives NaN losses or a crash that blames som
 Each rank hashes the files it wrote itself (still in the page cache), and a resume spreads the
 verification over the ranks, so a checkpoint costs one extra read of its own share per rank.
 SHA-256 because `sha256sum` can check it by hand and CPUs hash it at GB/s (SHA-NI).
+
+It fails closed: a manifest without a checksum for each of its files (an older gpt_ds's, or an
+edited one) is refused wherever a checkpoint is read, unless the user allows it by name
+(`ALLOW_FLAG`), and is then reported as unverified.
 """
 
 from __future__ import annotations
@@ -14,9 +18,15 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.manifest import Manifest
 
 ALGORITHM = "sha256"
+ALLOW_FLAG = "--allow_unverified"  # every command that reads a checkpoint has it
+ALLOW_HELP = (
+    "Load a checkpoint whose manifest records no checksums (an older gpt_ds's, or an edited "
+    "gpt_ds.json): its bytes are not verified, and it is reported as unverified."
+)
 _CHUNK = 8 << 20
 _RANK_IN_NAME = re.compile(r"rank_?(\d+)")
 
@@ -40,7 +50,12 @@ def writer_rank(name: str) -> int:
 
 
 def digests_of(tag_dir: Path, names: list[str]) -> dict[str, str]:
-    return {name: file_digest(Path(tag_dir) / name) for name in names}
+    """{name: hex digest}; one thread per file (reads and hashlib release the GIL)."""
+    if not names:
+        return {}
+    with ThreadPoolExecutor(min(8, len(names))) as pool:
+        digests = pool.map(lambda n: file_digest(Path(tag_dir) / n), names)
+        return dict(zip(names, digests, strict=True))
 
 
 def share(sizes: dict[str, int], rank: int, world: int) -> list[str]:
@@ -55,22 +70,49 @@ def share(sizes: dict[str, int], rank: int, world: int) -> list[str]:
     return mine
 
 
+class UnverifiedCheckpoint(CheckpointError):
+    """A checkpoint whose bytes cannot be verified, refused without `ALLOW_FLAG`."""
+
+
+def unverified_reason(manifest: Manifest) -> str | None:
+    """Why the bytes of `manifest`'s checkpoint cannot be verified, or None when they can."""
+    if manifest.checksum_algorithm is None or not manifest.checksums:
+        return (
+            "its manifest records no checksums (saved by a gpt_ds before checksums, or its "
+            "gpt_ds.json was edited)"
+        )
+    if manifest.checksum_algorithm != ALGORITHM:
+        return f"its checksums are {manifest.checksum_algorithm}, gpt_ds verifies {ALGORITHM}"
+    unhashed = sorted(n for n in manifest.files if n not in manifest.checksums)
+    if unhashed:
+        more = f" and {len(unhashed) - 3} more" if len(unhashed) > 3 else ""
+        return f"its manifest records no checksum for {', '.join(unhashed[:3])}{more}"
+    return None
+
+
+def check_verifiable(tag_dir: Path, manifest: Manifest, allow_unverified: bool) -> str | None:
+    """An UnverifiedCheckpoint for a checkpoint that cannot be verified, unless allowed; then
+    returns why it is unverified (None: it can be verified)."""
+    why = unverified_reason(manifest)
+    if why is not None and not allow_unverified:
+        raise UnverifiedCheckpoint(
+            f"{tag_dir}: unverified checkpoint: {why}, so a damaged file would load unseen. "
+            f"Load it anyway with {ALLOW_FLAG}, or verify the files another way first"
+        )
+    return why
+
+
 def checksum_problems(tag_dir: Path, manifest: Manifest, names: list[str]) -> list[str]:
     """Files among `names` whose content is not what the manifest recorded (present files of
-    the right size: `tags.file_problems` checks those first)."""
-    if manifest.checksum_algorithm != ALGORITHM:  # saved before checksums, or by another tool
-        return []
-    if manifest.universal:  # derived from a verified tag, in DeepSpeed's own layout
-        return []
+    the right size: `tags.file_problems` checks those first). Only files with a recorded
+    checksum are hashed: `check_verifiable` refuses a manifest that lacks any."""
     names = [n for n in names if n in manifest.checksums]
-    if not names:
+    if manifest.checksum_algorithm != ALGORITHM:
         return []
-    # one thread per file (reads and hashlib release the GIL): checkpoint files are up to a
-    # few GB each, and hashing them one after another on one core took longer than an export
-    with ThreadPoolExecutor(min(8, len(names))) as pool:
-        digests = pool.map(lambda n: file_digest(Path(tag_dir) / n), names)
-        return [
-            f"{name} differs from its recorded {ALGORITHM} checksum"
-            for name, got in zip(names, digests, strict=True)
-            if got != manifest.checksums[name]
-        ]
+    # checkpoint files are up to a few GB each: hashed one after another on one core, they
+    # took longer than an export (digests_of hashes them side by side)
+    return [
+        f"{name} differs from its recorded {ALGORITHM} checksum"
+        for name, got in digests_of(tag_dir, names).items()
+        if got != manifest.checksums[name]
+    ]

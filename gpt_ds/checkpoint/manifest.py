@@ -10,6 +10,7 @@ loading it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -17,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpt_ds.base.errors import CheckpointError
 from gpt_ds.model.gpt2 import ModelShape
 
 MANIFEST = "gpt_ds.json"
+FORMAT_VERSION = 1  # of the manifest's layout; `migrate` reads every earlier one
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -34,15 +37,16 @@ class Manifest:
     """The contents of `TAG/gpt_ds.json`."""
 
     tag: str
+    format_version: int = FORMAT_VERSION
     iteration: int
     world_size: int
     zero_stage: int
     model: dict[str, int]  # ModelShape fields
-    config: dict[str, Any]  # the RunConfig that made it
+    config: dict[str, Any]  # the run config that made it: the flags as the user gave them
     files: dict[str, int]  # file name -> size in bytes, every rank's files
     checksums: dict[str, str] = field(default_factory=dict)  # file name -> hex digest
-    checksum_algorithm: str | None = None  # None: saved before gpt_ds recorded checksums
-    micro_batch_size: int | None = None  # the batch that made it (None: not recorded)
+    checksum_algorithm: str | None = None  # None: no checksums (older gpt_ds, or edited)
+    micro_batch_size: int | None = None  # the batch that made it (None: never recorded)
     grad_accum: int | None = None
     run_id: str | None = None  # the launch that saved it (also in metrics.jsonl)
     precision: str | None = None
@@ -52,21 +56,12 @@ class Manifest:
     saved_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     universal: bool = False  # made by ds_to_universal, loadable on any world size
     source_tag: str | None = None  # for a universal checkpoint: the tag it was made from
-    tokens: int | None = None  # tokens trained on, all ranks (None: saved before it was kept)
-    data: dict[str, Any] | None = None  # mixture.DataMix.identity of the data it trained on
+    source_digest: str | None = None  # for a universal checkpoint: its source's `digest()`
+    tokens: int | None = None  # tokens trained on, all ranks (None: its batch never recorded)
+    data: dict[str, Any] | None = None  # mixture.DataMix.identity (None: never recorded)
     early_stop: dict[str, Any] | None = None  # early_stop.EarlyStop's count and best
-    data_stream: str | None = None  # data.TrainWindows.stream; None: saved before, per-rank
-
-    @property
-    def tokens_seen(self) -> int | None:
-        """Tokens trained on up to this checkpoint: as recorded, else from its batch (exact
-        unless an earlier resume changed the batch), else None."""
-        if self.tokens is not None:
-            return self.tokens
-        if self.micro_batch_size is None or self.grad_accum is None:
-            return None
-        batch = self.micro_batch_size * self.grad_accum * self.world_size
-        return self.iteration * batch * int(self.model["block_size"])
+    data_stream: str = "global"  # data.TrainWindows.stream: "global", or the older "per_rank"
+    plan: dict[str, Any] | None = None  # what the run computed from its config (RunPlan.record)
 
     @property
     def shape(self) -> ModelShape:
@@ -79,11 +74,10 @@ class Manifest:
             data = json.loads((Path(tag_dir) / MANIFEST).read_text())
         except (OSError, json.JSONDecodeError):
             return None
+        if not isinstance(data, dict) or not data.keys() >= _REQUIRED:
+            return None  # not a manifest we wrote
         known = {f.name for f in dataclasses.fields(cls)}
-        try:
-            return cls(**{k: v for k, v in data.items() if k in known})
-        except TypeError:  # a required field is missing: not a manifest we wrote
-            return None
+        return cls(**{k: v for k, v in migrate(data, tag_dir).items() if k in known})
 
     def write(self, tag_dir: Path) -> None:
         atomic_write_text(Path(tag_dir) / MANIFEST, json.dumps(self.to_dict(), indent=2))
@@ -91,7 +85,63 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def same_source(self, other: Manifest) -> bool:
-        """True when both describe the same save (a universal copy is of this checkpoint)."""
-        keys = ("iteration", "world_size", "zero_stage", "saved_at", "files")
-        return all(getattr(self, k) == getattr(other, k) for k in keys)
+    def digest(self) -> str:
+        """One SHA-256 over the file names and checksums: which bytes this save holds."""
+        listing = json.dumps(sorted(self.checksums.items()) or sorted(self.files.items()))
+        return hashlib.sha256(listing.encode()).hexdigest()
+
+    def converted_from(self, source: Manifest) -> bool:
+        """True when this universal checkpoint was made from `source`, as it is now (`final`
+        is rewritten by every run that ends)."""
+        return self.universal and self.source_digest == source.digest()
+
+
+NOT_REPLAYED = ("resume",)  # a replay repeats the run from its start, in its own out dir
+
+
+def replayed_flags(data: dict[str, Any]) -> dict[str, Any]:
+    """The flags `--config TAG/gpt_ds.json` replays: the run config as the user asked it, in
+    this format's layout, less --resume."""
+    config = migrate(data)["config"]
+    return {k: v for k, v in config.items() if k not in NOT_REPLAYED}
+
+
+_REQUIRED = {"tag", "iteration", "world_size", "zero_stage", "model", "config", "files"}
+
+
+def migrate(data: dict[str, Any], tag_dir: Path | str = "") -> dict[str, Any]:
+    """A manifest's fields in this format's layout, from the layout of any gpt_ds that wrote
+    one (a CheckpointError for a newer format). Version 0 is every manifest before
+    `format_version` existed; fields it may lack are filled as those versions meant them."""
+    version = data.get("format_version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{Path(tag_dir) / MANIFEST}: checkpoint format {version!r}, this gpt_ds reads up "
+            f"to {FORMAT_VERSION}: load it with the gpt_ds that wrote it, or a newer one"
+        )
+    if version == 0:
+        data = _from_version_0(data)
+    return data
+
+
+def _from_version_0(old: dict[str, Any]) -> dict[str, Any]:
+    """Version 0 to 1: the batch where only the flags held it, the tokens trained on from that
+    batch, the per-rank data stream (before the global one), the run config as asked (its
+    budget's computed steps and a true/false --compile were written into it)."""
+    new = dict(old, format_version=1)
+    config = dict(old["config"])
+    for name in ("micro_batch_size", "grad_accum"):
+        if new.get(name) is None:
+            new[name] = config.get(name)
+    if config.get("max_tokens") is not None or config.get("max_epochs") is not None:
+        config["max_iters"] = None  # planned from the budget, not asked
+    if isinstance(config.get("compile"), bool):
+        config["compile"] = "on" if config["compile"] else "off"
+    new["config"] = config
+    if new.get("tokens") is None and new["micro_batch_size"] and new["grad_accum"]:
+        batch = new["micro_batch_size"] * new["grad_accum"] * new["world_size"]
+        new["tokens"] = new["iteration"] * batch * int(new["model"]["block_size"])
+    new["data_stream"] = new.get("data_stream") or "per_rank"
+    if new.get("universal"):  # it listed its source's files, not its own: none to verify
+        new.update(files={}, checksums={}, checksum_algorithm=None)
+    return new

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt_ds.base.errors import CheckpointError, GptDsError
-from gpt_ds.checkpoint.integrity import checksum_problems
+from gpt_ds.checkpoint.integrity import UnverifiedCheckpoint, check_verifiable, checksum_problems
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest, atomic_write_text
 
 LATEST = "latest"
@@ -96,8 +96,6 @@ def is_checkpoint_dir(path: Path) -> bool:
 
 def file_problems(tag_dir: Path, manifest: Manifest) -> list[str]:
     """Files the manifest lists that are missing or not at their recorded size."""
-    if manifest.universal:  # DeepSpeed's per-parameter layout, not the listed files
-        return []
     problems = []
     for name, size in manifest.files.items():
         f = tag_dir / name
@@ -126,10 +124,12 @@ def _check_tag(
     flag: str,
     verify: bool = False,
     damaged: Mapping[str, str] | None = None,
+    allow_unverified: bool = False,
 ) -> CheckpointRef:
     """`tag` as a CheckpointRef, or a CheckpointError saying why it is not loadable: no
-    manifest, a listed file missing or of another size, or (`verify`) another checksum, or
-    found damaged before (`damaged`: tag -> what is wrong)."""
+    manifest, no checksums to verify it by (unless `allow_unverified`), a listed file missing
+    or of another size, or (`verify`) another checksum, or found damaged before (`damaged`:
+    tag -> what is wrong)."""
     tag_dir = out_dir / tag
     if damaged and tag in damaged:
         raise _damaged(out_dir, tag_dir, damaged[tag])
@@ -143,6 +143,7 @@ def _check_tag(
             f"{tag_dir}: incomplete checkpoint (no {MANIFEST}: its save did not finish); "
             f"use another tag ({_listing(out_dir)})"
         )
+    check_verifiable(tag_dir, manifest, allow_unverified)
     problems = file_problems(tag_dir, manifest)
     if problems:
         raise CheckpointError(
@@ -184,10 +185,13 @@ def resolve(
     verify: bool = False,
     damaged: Mapping[str, str] | None = None,
     note: Callable[[str], None] = print,
+    allow_unverified: bool = False,
 ) -> CheckpointRef:
     """The checkpoint a user asked for: `tag` in the run directory `path` (or `path` is a tag
     directory), or with no tag the one `latest` names. Reads no weights, but with `verify`
-    every file once for its checksum; `damaged` names tags already found damaged.
+    every file once for its checksum; `damaged` names tags already found damaged. A tag with
+    no checksums to verify is refused (integrity.UnverifiedCheckpoint) unless
+    `allow_unverified`, and never passed over for an older one.
 
     With `fall_back`, a `latest` that is missing or names a tag that is not loadable gives the
     newest loadable tag instead, said through `note`; a named tag never falls back. `flag` is
@@ -200,8 +204,16 @@ def resolve(
     out_dir, tag = _split_tag_dir(path, tag)
     if tag == BEST and not (out_dir / BEST).is_dir():
         tag = _best_tag(out_dir, flag)
+    check = functools.partial(
+        _check_tag,
+        out_dir,
+        flag=flag,
+        verify=verify,
+        damaged=damaged,
+        allow_unverified=allow_unverified,
+    )
     if tag is not None:
-        return _check_tag(out_dir, tag, flag, verify, damaged)
+        return check(tag)
     named = latest_tag(out_dir)
     if not fall_back:
         if named is None:
@@ -209,8 +221,7 @@ def resolve(
                 f"{out_dir}: no `{LATEST}` file names a checkpoint; give {flag} "
                 f"({_listing(out_dir)})"
             )
-        return _check_tag(out_dir, named, flag, verify, damaged)
-    check = functools.partial(_check_tag, out_dir, flag=flag, verify=verify, damaged=damaged)
+        return check(named)
     return _newest_loadable(out_dir, named, flag, check, note)
 
 
@@ -224,6 +235,8 @@ def _newest_loadable(
     if named is not None:
         try:
             return check(named)
+        except UnverifiedCheckpoint:
+            raise  # the user decides: an older tag would hide it
         except CheckpointError as exc:
             reason = str(exc)
     else:
@@ -231,6 +244,8 @@ def _newest_loadable(
     for tag in reversed(complete_tags(out_dir)):
         try:
             ref = check(tag)
+        except UnverifiedCheckpoint:
+            raise
         except CheckpointError:
             continue
         note(f"checkpoint: {reason}; using the newest complete tag {tag!r}")

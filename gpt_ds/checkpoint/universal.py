@@ -3,7 +3,8 @@
 Training converts by itself when `--resume` finds a checkpoint saved by another number of
 ranks (`needs_universal`, then `convert_on_rank0`); tools/universal_checkpoint.py does the same
 by hand. The result `<tag>_universal` is published like any checkpoint: a staging directory,
-then a manifest marked `universal` that names its source tag.
+then a manifest marked `universal` that names its source tag and lists its own files (DeepSpeed's
+per-parameter layout) with their sizes and checksums, verified like any other tag's on load.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import dataclasses
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from gpt_ds.base import dist
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.checkpointer import publish, rank_state_name
+from gpt_ds.checkpoint.integrity import ALGORITHM, checksum_problems, digests_of
 from gpt_ds.checkpoint.manifest import Manifest
-from gpt_ds.checkpoint.tags import PARTIAL, CheckpointRef
+from gpt_ds.checkpoint.tags import PARTIAL, CheckpointRef, file_problems
 
 
 def universal_tag(tag: str) -> str:
@@ -55,27 +58,53 @@ def _ds_to_universal(ref: CheckpointRef, staging) -> None:
 
 
 def convert_to_universal(ref: CheckpointRef) -> CheckpointRef:
-    """The universal form of `ref` (itself if it is one), converted unless an up-to-date one
-    exists. Carries rank 0's training-window position. Runs in one process."""
+    """The universal form of `ref` (itself if it is one), converted unless an intact one made
+    from `ref` as it is now exists. Carries rank 0's training-window position. Runs in one
+    process."""
     if ref.manifest.universal:
         return ref
     dst_tag = universal_tag(ref.tag)
     dst = ref.out_dir / dst_tag
     existing = Manifest.read(dst)
-    # none yet, or one made from an older checkpoint of the same name (`final` is rewritten
-    # by every run that ends): convert again
-    if existing is None or not existing.same_source(ref.manifest):
-        staging = ref.out_dir / (dst_tag + PARTIAL)
-        shutil.rmtree(staging, ignore_errors=True)
-        _ds_to_universal(ref, staging)
-        shutil.copy2(ref.tag_dir / rank_state_name(0), staging / rank_state_name(0))
-        existing = dataclasses.replace(
-            ref.manifest, tag=dst_tag, universal=True, source_tag=ref.tag
-        )
-        existing.write(staging)
-        publish(staging, dst)
-        (ref.out_dir / "latest_universal").unlink(missing_ok=True)  # ds_to_universal's own
+    # none yet, one made from an older checkpoint of the same name (`final` is rewritten by
+    # every run that ends), or one damaged since: convert again
+    if existing is None or not existing.converted_from(ref.manifest) or _damage(dst, existing):
+        existing = _convert(ref, dst_tag)
     return CheckpointRef(out_dir=ref.out_dir, tag=dst_tag, manifest=existing)
+
+
+def _damage(tag_dir: Path, manifest: Manifest) -> list[str]:
+    """What is missing, resized or changed in a universal tag (empty: intact)."""
+    return file_problems(tag_dir, manifest) or checksum_problems(
+        tag_dir, manifest, list(manifest.files)
+    )
+
+
+def _convert(ref: CheckpointRef, dst_tag: str) -> Manifest:
+    """ds_to_universal into a staging directory, its own files listed and hashed, published."""
+    staging = ref.out_dir / (dst_tag + PARTIAL)
+    shutil.rmtree(staging, ignore_errors=True)
+    _ds_to_universal(ref, staging)
+    shutil.copy2(ref.tag_dir / rank_state_name(0), staging / rank_state_name(0))
+    files = {
+        p.relative_to(staging).as_posix(): p.stat().st_size
+        for p in sorted(staging.rglob("*"))
+        if p.is_file()
+    }
+    manifest = dataclasses.replace(
+        ref.manifest,
+        tag=dst_tag,
+        universal=True,
+        source_tag=ref.tag,
+        source_digest=ref.manifest.digest(),
+        files=files,
+        checksums=digests_of(staging, list(files)),
+        checksum_algorithm=ALGORITHM,
+    )
+    manifest.write(staging)
+    publish(staging, ref.out_dir / dst_tag)
+    (ref.out_dir / "latest_universal").unlink(missing_ok=True)  # ds_to_universal's own
+    return manifest
 
 
 def convert_on_rank0(ref: CheckpointRef) -> CheckpointRef:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from gpt_ds.base.cli import option, parse, run_tool
 from gpt_ds.base.errors import CheckpointError
+from gpt_ds.checkpoint import ALLOW_HELP
 from gpt_ds.export.gguf import export_gguf
 from gpt_ds.export.hf import DTYPES, FORMATS, export_checkpoint, export_summary
 
@@ -52,6 +53,7 @@ class ExportOptions:
     )
     overwrite: bool = option(False, "replace an existing --output")
     quiet: bool = option(False, "no progress bar")
+    allow_unverified: bool = option(False, ALLOW_HELP)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         if opts.format == "gguf":
             print(export_gguf(opts.checkpoint, opts.output, tag=opts.tag, dtype=opts.dtype,
                               name=opts.name, overwrite=opts.overwrite,
-                              progress=not opts.quiet))  # fmt: skip
+                              progress=not opts.quiet,
+                              allow_unverified=opts.allow_unverified))  # fmt: skip
             return 0
         if opts.dtype not in DTYPES:
             raise CheckpointError(f"--dtype {opts.dtype} is for --format gguf only")
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             max_shard_size=opts.max_shard_size,
             overwrite=opts.overwrite,
             progress=not opts.quiet,
+            allow_unverified=opts.allow_unverified,
         )
         print(export_summary(result))
         # exit without collecting torch's and transformers' objects one by one (0.6 s)

@@ -108,7 +108,8 @@ class PickPresetOptions:
                 f"--model {self.model!r} is not a preset; choose one of {', '.join(MODEL_PRESETS)}"
             )
         if self.model is None and self.init_from and not {"n_layer", "n_embd"} & given.keys():
-            return init_shape(resolve_init(self.init_from), self.block_size)
+            # the manifest's shape only: no bytes loaded, none to verify
+            return init_shape(resolve_init(self.init_from, allow_unverified=True), self.block_size)
         if self.model is None and not {"n_layer", "n_head", "n_embd"} <= given.keys():
             problems.append("give --model PRESET, or all of --n_layer, --n_head and --n_embd")
         if problems:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from gpt_ds.base.cli import option, parse, run_tool
 from gpt_ds.base.errors import ConfigError
+from gpt_ds.checkpoint import ALLOW_HELP
 
 SEPARATOR = "-" * 40
 
@@ -32,6 +33,7 @@ class SampleOptions:
     num_samples: int = option(1, "how many continuations")
     seed: int = option(1337, "sampling seed")
     device: str | None = option(None, "cpu, cuda, cuda:1 (default: cuda if any)")
+    allow_unverified: bool = option(False, ALLOW_HELP)
 
     def check(self) -> None:
         problems = [
@@ -57,7 +59,7 @@ def sample(opts: SampleOptions) -> int:
     from gpt_ds.export.sampling import generate, load_model
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    loaded = load_model(opts.model, opts.tag, device)
+    loaded = load_model(opts.model, opts.tag, device, opts.allow_unverified)
     print(f"loaded {loaded.source}", file=sys.stderr)
     samples = generate(
         loaded.model,

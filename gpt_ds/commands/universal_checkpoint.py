@@ -19,20 +19,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt_ds.base.cli import option, parse, run_tool
-from gpt_ds.checkpoint import convert_to_universal, resolve
+from gpt_ds.checkpoint import ALLOW_HELP, convert_to_universal, resolve
 
 
 @dataclass
 class UniversalOptions:
     out_dir: Path = option(help="the training run's --out_dir", positional=True)
     tag: str | None = option(None, "checkpoint tag (default: the one `latest` names)")
+    allow_unverified: bool = option(False, ALLOW_HELP)
 
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse(UniversalOptions, argv, description=__doc__)
 
     def convert() -> int:
-        print(convert_to_universal(resolve(opts.out_dir, opts.tag, flag="--tag", verify=True)).tag)
+        ref = resolve(
+            opts.out_dir,
+            opts.tag,
+            flag="--tag",
+            verify=True,
+            allow_unverified=opts.allow_unverified,
+        )
+        print(convert_to_universal(ref).tag)
         return 0
 
     return run_tool(convert)

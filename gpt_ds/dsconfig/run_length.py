@@ -2,47 +2,73 @@
 over the train split (`--max_epochs`), turned into optimizer steps once the batch is known.
 
 A budget is rounded up to whole steps; each launch derives its steps from its own batch, so a
-resume with the same batch stops at the same step. Here, beside the DeepSpeed config, because
-the batch it needs comes from that config and the schedule it feeds goes back into it.
+resume with the same batch stops at the same step. The result is the plan's (`RunLength`),
+never written back into the run config: a replayed config asks for the same budget again.
+Here, beside the DeepSpeed config, because the batch it needs comes from that config and the
+schedule it feeds goes back into it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Protocol
 
 from gpt_ds.base.errors import ConfigError
 
+DEFAULT_MAX_ITERS = 200  # when no flag gives the run's length
 
-class RunLength(Protocol):
-    """The run config's length flags (run/config.py's RunConfig, a dataclass)."""
 
-    max_iters: int
+class LengthFlags(Protocol):
+    """The run config's length flags (run/config.py's RunConfig)."""
+
+    max_iters: int | None
     max_tokens: int | None
     max_epochs: float | None
     lr_decay_iters: int | None
 
 
-Config = TypeVar("Config", bound=RunLength)
+@dataclass(frozen=True)
+class RunLength:
+    """The run's length in optimizer steps, as planned."""
+
+    max_iters: int  # the step the run trains up to
+    decay_iters: int  # where the schedule's decay ends: --lr_decay_iters, else max_iters
+    line: str | None = None  # the log line of a budget turned into steps
 
 
-def has_budget(cfg: RunLength) -> bool:
+def has_budget(cfg: LengthFlags) -> bool:
     """Whether the run's length is given in tokens or epochs rather than in steps."""
     return cfg.max_tokens is not None or cfg.max_epochs is not None
 
 
-def with_budget(cfg: Config, tokens_per_iter: int, train_tokens: int) -> tuple[Config, str]:
-    """`cfg` with max_iters from its token or epoch budget, and the log line saying so."""
-    if cfg.max_tokens is not None:
-        budget, what = cfg.max_tokens, f"--max_tokens {cfg.max_tokens:,}"
+def steps_asked(cfg: LengthFlags) -> int:
+    """The steps a run without a budget trains for: --max_iters, else the default."""
+    return DEFAULT_MAX_ITERS if cfg.max_iters is None else cfg.max_iters
+
+
+def asked_length(cfg: LengthFlags) -> RunLength:
+    """The length of a run given in steps; for a budget, a stand-in long enough for any
+    batch, to resolve the batch with before `run_length` can count the budget's steps."""
+    iters = 10**9 if has_budget(cfg) else steps_asked(cfg)
+    return RunLength(max_iters=iters, decay_iters=cfg.lr_decay_iters or iters)
+
+
+def run_length(cfg: LengthFlags, tokens_per_iter: int, train_tokens: int) -> RunLength:
+    """The steps `cfg` asks for; a budget in tokens or epochs becomes whole steps of
+    `tokens_per_iter` (all ranks), said in `line`."""
+    if not has_budget(cfg):
+        iters, line = steps_asked(cfg), None
     else:
-        budget = math.ceil(cfg.max_epochs * train_tokens)
-        what = f"--max_epochs {cfg.max_epochs:g} of {train_tokens:,} train tokens"
-    iters = math.ceil(budget / tokens_per_iter)
-    if cfg.lr_decay_iters is not None and cfg.lr_decay_iters > iters:
-        raise ConfigError(
-            f"--lr_decay_iters {cfg.lr_decay_iters} is beyond the {iters} steps of {what}"
-        )
-    line = f"run length: {iters:,} iterations from {what} ({tokens_per_iter:,} tokens each)"
-    return dataclasses.replace(cfg, max_iters=iters), line
+        if cfg.max_tokens is not None:
+            budget, what = cfg.max_tokens, f"--max_tokens {cfg.max_tokens:,}"
+        else:
+            budget = math.ceil(cfg.max_epochs * train_tokens)
+            what = f"--max_epochs {cfg.max_epochs:g} of {train_tokens:,} train tokens"
+        iters = math.ceil(budget / tokens_per_iter)
+        line = f"run length: {iters:,} iterations from {what} ({tokens_per_iter:,} tokens each)"
+        if cfg.lr_decay_iters is not None and cfg.lr_decay_iters > iters:
+            raise ConfigError(
+                f"--lr_decay_iters {cfg.lr_decay_iters} is beyond the {iters} steps of {what}"
+            )
+    return RunLength(max_iters=iters, decay_iters=cfg.lr_decay_iters or iters, line=line)

@@ -216,6 +216,7 @@ def export_gguf(
     overwrite: bool = False,
     progress: bool = True,
     log=print,
+    allow_unverified: bool = False,
 ) -> str:
     """Write one checkpoint tag as `output` (a .gguf file); returns the summary line."""
     from gpt_ds.export.hf import resolve_checkpoint
@@ -225,7 +226,7 @@ def export_gguf(
         raise CheckpointError(f"--dtype {dtype!r} with --format gguf: choose one of "
                               f"{', '.join(GGUF_DTYPES)}")  # fmt: skip
     import_gguf()  # before any work
-    ref = resolve_checkpoint(checkpoint, tag)
+    ref = resolve_checkpoint(checkpoint, tag, allow_unverified)
     output = Path(output).resolve()
     check_gguf_output(output, overwrite)
     name = name or ref.out_dir.resolve().name

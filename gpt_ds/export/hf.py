@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,7 @@ import torch
 
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.base.processes import pid_alive
-from gpt_ds.checkpoint import CheckpointRef, resolve
+from gpt_ds.checkpoint import CheckpointRef, resolve, unverified_reason
 from gpt_ds.export.stream import (
     Weights,
     progress_bar,
@@ -61,11 +62,16 @@ _UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 
 
 # --------------------------------------------------------------------------- the checkpoint
-def resolve_checkpoint(path: str | Path, tag: str | None = None) -> CheckpointRef:
+def resolve_checkpoint(
+    path: str | Path, tag: str | None = None, allow_unverified: bool = False
+) -> CheckpointRef:
     """The checkpoint to export: `path` is a run's out dir (with `tag`, else the one `latest`
     names) or a tag directory itself. Checked (complete, every file at its recorded size and
-    checksum, not a universal checkpoint) before any heavy work; loads no weights."""
-    ref = resolve(path, tag, flag="--tag", verify=True)
+    checksum, not a universal checkpoint) before any heavy work; loads no weights. One with no
+    checksums is refused unless `allow_unverified`, then said to be unverified."""
+    ref = resolve(path, tag, flag="--tag", verify=True, allow_unverified=allow_unverified)
+    if why := unverified_reason(ref.manifest):
+        print(f"warning: {ref.tag_dir} is unverified: {why}", file=sys.stderr)
     if ref.manifest.universal:
         raise CheckpointError(
             f"{ref.tag_dir} is a universal checkpoint (made to resume on another world size); "
@@ -372,6 +378,7 @@ def export_checkpoint(
     overwrite: bool = False,
     progress: bool = True,
     log=print,
+    allow_unverified: bool = False,
 ) -> ExportResult:
     """Convert one checkpoint tag into `output` (see the module docstring)."""
     start = time.perf_counter()
@@ -380,7 +387,7 @@ def export_checkpoint(
     if dtype not in DTYPES:
         raise CheckpointError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     shard_bytes = parse_size(max_shard_size)
-    ref = resolve_checkpoint(checkpoint, tag)
+    ref = resolve_checkpoint(checkpoint, tag, allow_unverified)
     output = Path(output)
     check_output(output, overwrite, ref)
     m = ref.manifest

@@ -23,7 +23,9 @@ class LoadedModel:
     source: str  # what was loaded, for the user
 
 
-def load_model(path: str | Path, tag: str | None = None, device: str = "cpu") -> LoadedModel:
+def load_model(
+    path: str | Path, tag: str | None = None, device: str = "cpu", allow_unverified: bool = False
+) -> LoadedModel:
     """A GPT-2 from a training checkpoint (detected by `gpt_ds.json`/`latest`) or an HF dir."""
     from gpt_ds.export.hf import consolidate, resolve_checkpoint
 
@@ -32,7 +34,7 @@ def load_model(path: str | Path, tag: str | None = None, device: str = "cpu") ->
         what = "is not a directory" if path.exists() else "does not exist"
         raise CheckpointError(f"--model {path} {what}")
     if is_checkpoint_dir(path):
-        ref = resolve_checkpoint(path, tag)
+        ref = resolve_checkpoint(path, tag, allow_unverified)
         model = consolidate(ref, progress=False)
         source = f"checkpoint {ref.tag_dir} (iteration {ref.manifest.iteration})"
     elif (path / "config.json").is_file():

@@ -18,9 +18,12 @@ from gpt_ds.base import cli, dist
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.base.flag_file import load_flag_file
 from gpt_ds.base.tool_names import tool
+from gpt_ds.checkpoint.integrity import ALLOW_HELP
+from gpt_ds.checkpoint.manifest import replayed_flags
 from gpt_ds.data.spec import DEFAULT_DATA_DIR, data_specs
 from gpt_ds.data.token_format import rebuild_command
 from gpt_ds.dsconfig.lr_schedule import SCHEDULES
+from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS
 from gpt_ds.dsconfig.schema import PRESETS, preset_path
 from gpt_ds.dsconfig.settings import RunSettings
 from gpt_ds.model.gpt2 import MODEL_PRESETS, resolve_shape, shape_problems
@@ -31,9 +34,12 @@ _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")
 DEFAULT_MODEL = "gpt2-tiny"
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
-    """Train GPT-2 with DeepSpeed ZeRO."""
+    """Train GPT-2 with DeepSpeed ZeRO.
+
+    What the user asked, as given (None: not given); frozen, so nothing computed while
+    planning (run/plan.py) is written back: a checkpoint's copy replays the same request."""
 
     config: str | None = option(
         None,
@@ -103,7 +109,11 @@ class RunConfig:
     )
     out_dir: str = option("out", "Checkpoints, metrics.jsonl and logs go here.")
     # --- schedule
-    max_iters: int = option(200, "Optimizer steps to train for (one = grad_accum micro-batches).")
+    max_iters: int | None = option(
+        None,
+        "Optimizer steps to train for (one = grad_accum micro-batches). Default: "
+        f"{DEFAULT_MAX_ITERS}, unless --max_tokens or --max_epochs gives the run's length.",
+    )
     max_tokens: int | None = option(
         None, "Train on this many tokens (all ranks) instead of --max_iters steps."
     )
@@ -202,6 +212,7 @@ class RunConfig:
         "Let --resume continue with another world size, micro-batch or accumulation than the "
         "checkpoint's (not an exact continuation; the change is logged).",
     )
+    allow_unverified: bool = option(False, ALLOW_HELP + " For --resume and --init_from.")
     release_host_memory: str = option(
         "auto",
         "Give freed host memory blocks (1 MiB and up) back to the kernel at once: on, off, or "
@@ -246,17 +257,21 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
-    defaults = load_flag_file(known.config, RunConfig) if known.config else None
+    defaults = None
+    if known.config:
+        defaults = load_flag_file(known.config, RunConfig, replayed=replayed_flags)
     return cli.parse(RunConfig, argv, defaults=defaults)
 
 
 def run_settings(
     cfg: RunConfig,
+    decay_iters: int,
     world_size: int | None = None,
     load_universal: bool = False,
     hidden_size: int | None = None,
 ) -> RunSettings:
-    """What the run decides for the DeepSpeed config (world size: the launcher's)."""
+    """What the run decides for the DeepSpeed config (world size: the launcher's;
+    `decay_iters`: the planned schedule's length, run_length.RunLength)."""
     return RunSettings(
         load_universal=load_universal,
         hidden_size=hidden_size,
@@ -266,7 +281,7 @@ def run_settings(
         lr=cfg.lr,
         min_lr=cfg.min_lr,
         warmup_iters=cfg.warmup_iters,
-        max_iters=cfg.lr_decay_iters or cfg.max_iters,
+        max_iters=decay_iters,
         grad_clip=cfg.grad_clip,
         precision=None if cfg.precision == "auto" else cfg.precision,
     )
@@ -316,7 +331,7 @@ def length_problems(cfg: RunConfig) -> list[str]:
     given = [f for f in ("max_tokens", "max_epochs") if getattr(cfg, f) is not None]
     if len(given) > 1:
         problems.append("--max_tokens and --max_epochs both given: give one")
-    if given and cfg.max_iters != RunConfig.__dataclass_fields__["max_iters"].default:
+    if given and cfg.max_iters is not None:
         problems.append(f"--max_iters and --{given[0]} both given: give one")
     for name in given:
         if getattr(cfg, name) <= 0:
@@ -327,12 +342,14 @@ def length_problems(cfg: RunConfig) -> list[str]:
 def _range_problems(cfg: RunConfig) -> list[str]:
     """Out-of-range numbers: those the DeepSpeed config depends on are RunSettings' to check;
     the rest here."""
-    problems = run_settings(cfg).problems()
+    # the run's length is checked below; its schedule once planned (plan.py resolves it)
+    problems = run_settings(cfg, DEFAULT_MAX_ITERS).problems()
     rules = {  # field: (allow None, allow 0)
         "n_layer": (True, False),
         "n_head": (True, False),
         "n_embd": (True, False),
         "block_size": (True, False),
+        "max_iters": (True, False),
         "lr_decay_iters": (True, False),
         "log_interval": (False, False),
         "eval_iters": (False, False),

@@ -61,15 +61,18 @@ def _split_tag(value: str) -> tuple[Path, str | None]:
     return path, None
 
 
-def resolve_init(value: str, out_dir: str | Path | None = None) -> InitSource:
-    """`--init_from` as an InitSource; a gpt_ds checkpoint is checked (complete, not the new
-    run's own out dir) but its checksums are the exporter's to verify, once, on rank 0."""
+def resolve_init(
+    value: str, out_dir: str | Path | None = None, allow_unverified: bool = False
+) -> InitSource:
+    """`--init_from` as an InitSource; a gpt_ds checkpoint is checked (complete, checksums
+    recorded unless `allow_unverified`, not the new run's own out dir) but its checksums are
+    the exporter's to verify, once, on rank 0."""
     if value == SCRATCH:
         return InitSource(value)
     path, tag = _split_tag(value)
     if not (path.is_dir() and is_checkpoint_dir(path)):
         return InitSource(value)  # Hugging Face weights (model.pretrained_shape checks them)
-    ref = resolve(path, tag, flag="--init_from OUT_DIR:TAG")
+    ref = resolve(path, tag, flag="--init_from OUT_DIR:TAG", allow_unverified=allow_unverified)
     if ref.manifest.universal:
         raise CheckpointError(
             f"--init_from {value}: {ref.tag_dir} is a universal checkpoint; name the tag it "
@@ -105,7 +108,7 @@ def init_shape(init: InitSource, block_size: int | None) -> ModelShape:
 def model_source(cfg: RunConfig) -> tuple[InitSource, ModelShape]:
     """The run's first weights (`--init_from`) and the shape it trains: that of the weights,
     or (scratch) a preset with the shape flags, its vocabulary padded (`--vocab_multiple`)."""
-    init = resolve_init(cfg.init_from, cfg.out_dir)
+    init = resolve_init(cfg.init_from, cfg.out_dir, cfg.allow_unverified)
     if not init.is_scratch:
         return init, init_shape(init, cfg.block_size)
     shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
@@ -119,7 +122,16 @@ def export_for_loading(ref: CheckpointRef, out_dir: str | Path, log=print) -> Pa
     staging = Path(out_dir) / STAGING
     if staging.exists():  # left by a launch that died while loading
         shutil.rmtree(staging)
-    export_checkpoint(ref.tag_dir, staging, fmt="hf", dtype="fp32", progress=False, log=log)
+    # verified as it is read; one without checksums got here only with --allow_unverified
+    export_checkpoint(
+        ref.tag_dir,
+        staging,
+        fmt="hf",
+        dtype="fp32",
+        progress=False,
+        log=log,
+        allow_unverified=True,
+    )
     return staging
 
 

@@ -7,10 +7,10 @@ order."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from gpt_ds.base import dist
 from gpt_ds.base.errors import CheckpointError, ConfigError, GptDsError
@@ -25,13 +25,14 @@ from gpt_ds.checkpoint import (
     needs_universal,
     partial_dirs,
     resolve,
+    unverified_reason,
 )
 from gpt_ds.checkpoint.batch import Batch, check_batch
 from gpt_ds.data.mixture import DataMix, load_mix
 from gpt_ds.dsconfig.lr_schedule import with_schedule
 from gpt_ds.dsconfig.monitors import check_monitors, with_monitor_flags
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
-from gpt_ds.dsconfig.run_length import has_budget, with_budget
+from gpt_ds.dsconfig.run_length import RunLength, asked_length, has_budget, run_length
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.launch.gpu_support import check_gpu_support
 from gpt_ds.memory import DeepSpeedRun, MemoryEstimate, estimate_run
@@ -46,11 +47,13 @@ from gpt_ds.run.init_source import InitSource, model_source
 from gpt_ds.run.lock import RunLock
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class RunPlan:
-    """Everything decided and checked before any rank builds a model (`plan_run`)."""
+    """Everything decided and checked before any rank builds a model (`plan_run`): the run
+    config as the user gave it, and what was computed from it, apart."""
 
-    cfg: RunConfig
+    cfg: RunConfig  # what the user asked, never rewritten
+    length: RunLength  # the steps it trains, from --max_iters or a token/epoch budget
     shape: ModelShape
     ds: ResolvedDsConfig
     data: DataMix
@@ -59,19 +62,65 @@ class RunPlan:
     estimate: MemoryEstimate  # predicted per-rank memory, checked against the machine
     run_id: str = ""  # this launch, in every metrics record and checkpoint (run_lock.py)
 
+    def record(self) -> dict[str, Any]:
+        """The computed values a checkpoint's manifest keeps beside the run config."""
+        ds = self.ds
+        return {
+            "max_iters": self.length.max_iters,
+            "decay_iters": self.length.decay_iters,
+            "micro_batch_size": ds.micro_batch_size,
+            "grad_accum": ds.grad_accum,
+            "train_batch_size": ds.train_batch_size,
+            "precision": ds.precision,
+            "zero_stage": ds.zero_stage,
+            "lr": ds.lr,
+            "min_lr": ds.min_lr,
+            "warmup_iters": ds.warmup_iters,
+            "grad_clip": ds.grad_clip,
+            "deepspeed_config": ds.config,
+        }
+
 
 def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     """Validate and resolve everything the run needs; raises a GptDsError naming what is wrong.
     `damaged` names checkpoint tags found damaged, which `--resume` must not use. The steps
-    run from the run's own decisions down to the checks against checkpoint and machine."""
+    run from the run's own decisions down to the checks against checkpoint and machine;
+    `cfg` is read, never rewritten."""
     validate(cfg)
     resume = resume_checkpoint(cfg, damaged)
     init, shape = model_source(cfg)
     if resume is not None:  # the run keeps the checkpoint's model, vocabulary padding included
         shape = checkpoint_vocab(shape, resume.manifest.model)
         check_model(resume, asdict(shape))
-    world = dist.world_size()  # the launcher's, before the process group exists
-    universal = resume is not None and needs_universal(resume.manifest, world)
+    universal = resume is not None and needs_universal(resume.manifest, dist.world_size())
+    data = load_mix(cfg.data_dir, shape.tokens, shape.block_size)
+    ds = deepspeed_config(cfg, shape, universal, asked_length(cfg))
+    length = run_length(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
+    if has_budget(cfg):  # resolved again with the steps its batch gives the budget
+        ds = deepspeed_config(cfg, shape, universal, length)
+    check_monitors(ds.config)
+    check_fresh_zero3(ds, init, resume, cfg.deepspeed_config)
+    notes = check_resume(resume, cfg, ds, shape, data.identity())
+    estimate = check_machine(cfg, ds, shape)
+    for line in [*notes, *([length.line] if length.line else [])]:
+        dist.print0(line)
+    return RunPlan(
+        cfg=cfg,
+        length=length,
+        shape=shape,
+        ds=ds,
+        data=data,
+        resume=resume,
+        init=init,
+        estimate=estimate,
+    )
+
+
+def deepspeed_config(
+    cfg: RunConfig, shape: ModelShape, universal: bool, length: RunLength
+) -> ResolvedDsConfig:
+    """The run's DeepSpeed config: the preset with the monitor flags and the schedule, every
+    "auto" filled from the run (its schedule from `length`)."""
     raw = with_monitor_flags(
         load_ds_config(preset_path(cfg.deepspeed_config)),
         cfg.out_dir,
@@ -81,26 +130,14 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
         run_name=cfg.run_name,
     )
     raw = with_schedule(raw, cfg.lr_schedule)
-    settings = functools.partial(
-        run_settings, world_size=world, load_universal=universal, hidden_size=shape.n_embd
+    settings = run_settings(
+        cfg,
+        length.decay_iters,
+        world_size=dist.world_size(),  # the launcher's, before the process group exists
+        load_universal=universal,
+        hidden_size=shape.n_embd,
     )
-    # a budget in tokens or epochs needs the batch first: resolved once for it, with room
-    probe = dataclasses.replace(cfg, max_iters=10**9) if has_budget(cfg) else cfg
-    ds = resolve_ds_config(raw, settings(probe), source=cfg.deepspeed_config)
-    data = load_mix(cfg.data_dir, shape.tokens, shape.block_size)
-    identity, length = data.identity(), []
-    if has_budget(cfg):
-        cfg, line = with_budget(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
-        ds, length = resolve_ds_config(raw, settings(cfg), source=cfg.deepspeed_config), [line]
-    check_monitors(ds.config)
-    check_fresh_zero3(ds, init, resume, cfg.deepspeed_config)
-    notes = check_resume(resume, cfg, ds, shape, identity) + length
-    estimate = check_machine(cfg, ds, shape)
-    for line in notes:
-        dist.print0(line)
-    return RunPlan(
-        cfg=cfg, shape=shape, ds=ds, data=data, resume=resume, init=init, estimate=estimate
-    )
+    return resolve_ds_config(raw, settings, source=cfg.deepspeed_config)
 
 
 def check_fresh_zero3(
@@ -178,6 +215,9 @@ def verify_resume(plan: RunPlan) -> RunPlan:
     damaged: dict[str, str] = {}
     while plan.resume is not None:
         started, ref = time.perf_counter(), plan.resume
+        if why := unverified_reason(ref.manifest):  # resolve refused it unless allowed
+            dist.print0(f"checkpoint: {ref.tag} UNVERIFIED ({why}; loaded: --allow_unverified)")
+            return plan
         problems = damaged_files(ref)
         if not problems:
             size = sum(ref.manifest.files.values()) / 2**20
@@ -185,9 +225,21 @@ def verify_resume(plan: RunPlan) -> RunPlan:
             dist.print0(f"checkpoint: {ref.tag} verified ({size:.1f} MiB in {seconds:.1f} s)")
             return plan
         damaged[ref.tag] = "; ".join(problems)
-        # a named tag raises; `latest` falls back
-        plan = dataclasses.replace(plan_run(plan.cfg, damaged), run_id=plan.run_id)
+        plan = resume_instead(plan, resume_checkpoint(plan.cfg, damaged))  # a named tag raises
     return plan
+
+
+def resume_instead(plan: RunPlan, ref: CheckpointRef) -> RunPlan:
+    """`plan` continuing from `ref`, an older tag of its out dir, once `ref`'s own checks pass;
+    nothing else is planned again (length, data, memory: the run's own, as planned)."""
+    check_model(ref, asdict(plan.shape))
+    world, ds = dist.world_size(), plan.ds
+    universal = needs_universal(ref.manifest, world)
+    if plan.resume is None or universal != needs_universal(plan.resume.manifest, world):
+        ds = deepspeed_config(plan.cfg, plan.shape, universal, plan.length)
+    for line in check_resume(ref, plan.cfg, ds, plan.shape, plan.data.identity()):
+        dist.print0(line)
+    return dataclasses.replace(plan, resume=ref, ds=ds)
 
 
 def resume_checkpoint(
@@ -209,4 +261,12 @@ def resume_checkpoint(
             f"checkpoint: ignoring incomplete checkpoint directory {leftover} (no manifest)"
         )
     tag = None if cfg.resume == "latest" else cfg.resume
-    return resolve(out_dir, tag, flag="--resume", fall_back=True, damaged=damaged, note=dist.print0)
+    return resolve(
+        out_dir,
+        tag,
+        flag="--resume",
+        fall_back=True,
+        damaged=damaged,
+        note=dist.print0,
+        allow_unverified=cfg.allow_unverified,
+    )

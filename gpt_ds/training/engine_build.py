@@ -18,7 +18,6 @@ from gpt_ds.dsconfig.lr_schedule import wsd_scheduler
 from gpt_ds.dsconfig.monitors import prepare_wandb
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 from gpt_ds.model.gpt2 import (
-    ModelShape,
     build_model,
     count_params,
     enable_activation_checkpointing,
@@ -27,12 +26,15 @@ from gpt_ds.model.gpt2 import (
 )
 from gpt_ds.run.config import RunConfig
 from gpt_ds.run.init_source import InitSource, export_for_loading, remove_staging
+from gpt_ds.run.plan import RunPlan
 from gpt_ds.training.compile_model import compile_engine, wants_compile
 
 
-def build_engine(cfg: RunConfig, shape: ModelShape, ds: ResolvedDsConfig, init: InitSource):
+def build_engine(plan: RunPlan):
     """The DeepSpeed engine over a freshly built (or pretrained) GPT-2."""
     import deepspeed
+
+    cfg, shape, ds, init = plan.cfg, plan.shape, plan.ds, plan.init
 
     weights = _weights_path(init, cfg.out_dir)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
@@ -56,19 +58,19 @@ def build_engine(cfg: RunConfig, shape: ModelShape, ds: ResolvedDsConfig, init: 
         model=model,
         model_parameters=param_groups(model, weight_decay),
         config=ds.config,
-        lr_scheduler=_own_scheduler(cfg, ds),
+        lr_scheduler=_own_scheduler(cfg, ds, plan.length.decay_iters),
     )
     if wants_compile(cfg.compile, dist.device().type):
         dist.print0(compile_engine(engine, dist.device().type))
     return engine
 
 
-def _own_scheduler(cfg: RunConfig, ds: ResolvedDsConfig):
+def _own_scheduler(cfg: RunConfig, ds: ResolvedDsConfig, decay_iters: int):
     """The LambdaLR of a schedule DeepSpeed does not have (wsd), else None (the config's)."""
     if cfg.lr_schedule != "wsd":
         return None
-    total = cfg.lr_decay_iters or cfg.max_iters
-    make, line = wsd_scheduler(ds.lr, ds.min_lr, ds.warmup_iters, total, cfg.wsd_decay_fraction)
+    fraction = cfg.wsd_decay_fraction
+    make, line = wsd_scheduler(ds.lr, ds.min_lr, ds.warmup_iters, decay_iters, fraction)
     dist.print0(line)
     return make
 

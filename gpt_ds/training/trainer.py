@@ -51,6 +51,7 @@ class Trainer:
 
     def __init__(self, plan: RunPlan):
         self.plan, self.cfg, self.shape = plan, plan.cfg, plan.shape
+        self.max_iters = plan.length.max_iters  # the run's last step, as planned
         self.checkpointer = Checkpointer(plan.cfg.out_dir, plan.cfg.keep_last)
         self.stop_request = StopRequest()
         self.iteration = 0
@@ -98,7 +99,7 @@ class Trainer:
         if self.cfg.dry_run:
             dist.print0("dry run: model and engine built on every rank; stopping before step 1")
             return 0
-        if self.iteration >= self.cfg.max_iters:
+        if self.iteration >= self.max_iters:
             dist.print0(
                 f"nothing to do: checkpoint is at iteration {self.iteration} >= --max_iters"
             )
@@ -115,11 +116,11 @@ class Trainer:
             self.evaluate(0)  # where the given weights start: the baseline of a fine-tune
         self.engine.train()
         first = self.iteration + 1
-        self.profiler = StepProfiler(self.cfg.out_dir, first, self.cfg.max_iters, self.cfg.profile)
+        self.profiler = StepProfiler(self.cfg.out_dir, first, self.max_iters, self.cfg.profile)
         self.watchdog = Watchdog.start(
             self.cfg.out_dir, dist.rank(), dist.world_size(), self.cfg.hang_timeout
         )
-        for it in range(first, self.cfg.max_iters + 1):
+        for it in range(first, self.max_iters + 1):
             t0 = time.perf_counter()
             with self.profiler.step(it):
                 stop_requested = self.train_step(it)
@@ -158,7 +159,7 @@ class Trainer:
         if wants_release(cfg.release_host_memory, dist.device().type, self.shape.num_params()):
             dist.print0(release_freed_blocks())  # every rank: before the model exists
         before = peak_memory_gib()  # the process itself: interpreter, imports, data
-        self.engine = build_engine(cfg, self.shape, ds, self.plan.init)
+        self.engine = build_engine(self.plan)
         self.estimate = self.plan.estimate
         startup.print_memory_estimate(self.estimate)
         startup.startup_memory(self.estimate, before)
@@ -188,7 +189,7 @@ class Trainer:
                 f"that stopped) moved to metrics.jsonl.rewound-{self.iteration}"
             )
         facts = RunFacts(
-            max_iters=cfg.max_iters,
+            max_iters=self.max_iters,
             tokens_per_iter=self.tokens_per_iter,
             flops_per_token=flops_per_token(self.shape),
             world_size=dist.world_size(),
@@ -206,7 +207,8 @@ class Trainer:
         self.best_val, self.best_tag = resumed.best_val_loss, resumed.best_tag
         self.train_windows.load_state_dict(resumed.train_windows_state)
         self.early_stop.load_state_dict(resumed.manifest.early_stop)
-        self.tokens_seen = resumed.manifest.tokens_seen or self.iteration * self.tokens_per_iter
+        tokens = resumed.manifest.tokens  # None: the oldest manifests recorded no batch
+        self.tokens_seen = self.iteration * self.tokens_per_iter if tokens is None else tokens
         dist.print0(f"resumed from {self.cfg.out_dir}/{ref.tag} at iteration {self.iteration}")
 
     # ------------------------------------------------------------------ one iteration
@@ -238,7 +240,7 @@ class Trainer:
         self.iteration = it
         self.tokens_seen += self.tokens_per_iter
         self.step_seconds += time.perf_counter() - t0
-        if it % self.cfg.log_interval == 0 or it == self.cfg.max_iters:
+        if it % self.cfg.log_interval == 0 or it == self.max_iters:
             self._log_train(it)
         return stopping
 
@@ -306,7 +308,7 @@ class Trainer:
     def after_step(self, it: int, stop_requested: bool) -> bool:
         """Evaluate at eval points, checkpoint at save points; on a stop request save (once)
         and stop. Returns True when the run stops here. The last iteration is `finish`'s."""
-        if it == self.cfg.max_iters:
+        if it == self.max_iters:
             return False
         if stop_requested or _due(it, self.cfg.eval_interval) or self._save_due(it):
             self.read_steps()  # a non-finite step stops the run before anything is saved
@@ -356,9 +358,9 @@ class Trainer:
         """The final evaluation and the `final` checkpoint."""
         self.read_steps()
         self.stop_vote.settle()  # every rank has joined the vote in flight: close it
-        self.evaluate(self.cfg.max_iters)
+        self.evaluate(self.max_iters)
         self.save("final")
-        dist.print0(f"done: {self.cfg.max_iters} iterations, val loss {self.last_val:.4f}")
+        dist.print0(f"done: {self.max_iters} iterations, val loss {self.last_val:.4f}")
         return 0
 
     def evaluate(self, it: int) -> None:
@@ -397,6 +399,7 @@ class Trainer:
             zero_stage=self.plan.ds.zero_stage,
             model=asdict(self.shape),
             config=self.cfg.to_dict(),
+            plan=self.plan.record(),
             files={},
             precision=self.plan.ds.precision,
             micro_batch_size=self.plan.ds.micro_batch_size,
@@ -423,7 +426,7 @@ def _one_source_windows(data: DataMix, *args) -> TrainWindows:
 def global_split(resume: CheckpointRef | None, grad_accum: int) -> GlobalSplit | None:
     """How this rank takes its share of the run's global stream; None where the run resumes a
     checkpoint of the per-rank stream (saved before the global one), which it keeps."""
-    if resume is not None and (resume.manifest.data_stream or "per_rank") == "per_rank":
+    if resume is not None and resume.manifest.data_stream == "per_rank":
         return None
     return GlobalSplit(dist.world_size(), grad_accum)
 
