@@ -7,6 +7,8 @@ cannot remove is a warning naming it and the OS error. A bug while rank 0 export
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -214,3 +216,60 @@ def test_a_bug_while_exporting_init_from_weights_is_raised_as_itself(tmp_path, m
     monkeypatch.setattr(engine_build, "export_for_loading", refused_export)
     with pytest.raises(CheckpointError, match=r"--init_from .*: CheckpointError: .* mismatch"):
         engine_build._weights_path(init_source(tmp_path / "b"), str(tmp_path / "new"))
+
+
+TWO_RANK_EXPORT = """
+import hashlib
+import sys
+from pathlib import Path
+
+from gpt_ds.base import dist
+from gpt_ds.checkpoint import Manifest
+from gpt_ds.checkpoint.tags import CheckpointRef
+from gpt_ds.run.init_source import InitSource
+from gpt_ds.training import engine_build
+
+
+def broken_export(ref, out_dir, log=None):
+    return hashlib.sha256(ref.tag_dir)  # a bug: a Path is not bytes
+
+
+engine_build.export_for_loading = broken_export
+out = Path(sys.argv[1])
+dist.init()
+try:
+    ref = CheckpointRef(out, "final", Manifest.read(out / "final"))
+    engine_build._weights_path(InitSource(str(out), ref), str(out.parent / "new"))
+finally:
+    dist.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_on_two_ranks_rank_0_raises_the_bug_and_rank_1_points_to_it(tmp_path):
+    source = init_source(tmp_path).value
+    script = tmp_path / "export.py"
+    script.write_text(TWO_RANK_EXPORT)
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = launch_env()
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))
+        env.update(LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        cmd = [sys.executable, str(script), source]
+        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
+    try:
+        errs = [p.communicate(timeout=300)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        remove_shm_buffers("127.0.0.1", port)
+    assert [p.returncode for p in procs] == [1, 1], errs
+    assert "in broken_export" in errs[0], errs[0]
+    assert "TypeError: " in errs[0].rstrip().splitlines()[-1]  # the bug itself, last
+    assert "CheckpointError" not in errs[0]
+    assert "in broken_export" not in errs[1], errs[1]
+    assert (
+        f"CheckpointError: --init_from {source}: rank 0 failed exporting {source}/final "
+        "(TypeError); see its error above"
+    ) in errs[1]
