@@ -1,18 +1,20 @@
 """--compile: a real 2-rank run compiled by torch.compile follows the eager run to float noise,
 reports its first (compiling) iteration apart, and a machine where inductor cannot work trains
-eager, saying why."""
+eager, saying so in a WARNING line; dynamo's process-wide `suppress_errors` is never set."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
+import torch._dynamo
 from support.launch import run_deepspeed, tiny_run_args
 from support.runs import train_losses, val_losses
 
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.run.config import parse_args
-from gpt_ds.training.compile_model import compile_blocker, wants_compile
+from gpt_ds.training.compile_model import compile_blocker, compile_engine, wants_compile
 
 
 def test_no_cpp_compiler_is_named(monkeypatch):
@@ -24,6 +26,26 @@ def test_no_cpp_compiler_is_named(monkeypatch):
 
 def test_a_cpu_with_a_compiler_can_compile():
     assert compile_blocker("cpu") is None  # g++ is installed on every machine this runs on
+
+
+def test_compiling_leaves_dynamos_suppress_errors_alone():
+    """Compiled or not (whether inductor works on this CPU does not matter), a graph that fails
+    later is torch's to report: `suppress_errors` keeps its value. `nn.Module.compile` is the
+    in-place compile `engine.compile()` does for DeepSpeed's module."""
+    before = torch._dynamo.config.suppress_errors
+    line = compile_engine(torch.nn.Linear(4, 4), "cpu")
+    assert torch._dynamo.config.suppress_errors == before, line
+    assert "compiled by torch.compile" in line or line.startswith("WARNING: --compile"), line
+
+
+def test_a_machine_that_cannot_compile_warns_that_it_trains_eager(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-c++")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    before = torch._dynamo.config.suppress_errors
+    line = compile_engine(torch.nn.Linear(4, 4), "cpu")
+    assert line.startswith("WARNING: --compile: cannot compile, the run trains eager: "), line
+    assert "C++ compiler" in line and "no-such-c++" in line
+    assert torch._dynamo.config.suppress_errors == before
 
 
 @pytest.mark.slow

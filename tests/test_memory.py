@@ -22,6 +22,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from support.launch import REPO
 
 from gpt_ds.base.errors import ConfigError
+from gpt_ds.commands.pick_preset import with_command
+from gpt_ds.dsconfig.schema import PRESET_DIR, PRESETS
 from gpt_ds.memory import (
     ACT_BYTES_PER_SBH_16BIT,
     DeepSpeedRun,
@@ -29,6 +31,8 @@ from gpt_ds.memory import (
     Hardware,
     ZeroSettings,
     activation_bytes,
+    candidate_name,
+    choose_preset,
     comm_bytes_per_step,
     comm_seconds,
     estimate_run,
@@ -36,7 +40,7 @@ from gpt_ds.memory import (
     largest_module_params,
     load_preset_settings,
     parameter_layout,
-    plan,
+    preset_run,
 )
 from gpt_ds.memory.activations import chunked_loss_bytes
 from gpt_ds.model.gpt2 import (
@@ -335,7 +339,9 @@ def hw(**kw):
 
 
 def test_gpt2_xl_on_4x32gb_zero2_fits_and_ddp_does_not():
-    p = plan(XL, hw(), global_batch_size=64, precision="bf16", model_name="gpt2-xl")
+    p = with_command(
+        choose_preset(XL, hw(), global_batch_size=64, precision="bf16", model_name="gpt2-xl")
+    )
     rows = {(c.name, c.activation_checkpointing): c for c in p.candidates}
     assert len(rows) == 12
     assert rows[("ZeRO-2", False)].fits and rows[("ZeRO-2", False)].max_micro_batch >= 1
@@ -349,7 +355,9 @@ def test_gpt2_xl_on_4x32gb_zero2_fits_and_ddp_does_not():
 
 
 def test_picker_prefers_the_lower_stage_when_times_tie():
-    p = plan(MODEL_PRESETS["gpt2"], hw(gpu_memory_gb=80), global_batch_size=32, precision="bf16")
+    p = choose_preset(
+        MODEL_PRESETS["gpt2"], hw(gpu_memory_gb=80), global_batch_size=32, precision="bf16"
+    )
     rec = p.recommendation
     assert (rec.zero_stage, rec.offload_optimizer, rec.activation_checkpointing) == (
         1,
@@ -359,10 +367,32 @@ def test_picker_prefers_the_lower_stage_when_times_tie():
 
 
 def test_picker_nothing_fits():
-    p = plan(SHAPES["6.7b"], hw(gpus_per_node=1, gpu_memory_gb=8, cpu_memory_gb=16),
-             global_batch_size=8, precision="bf16")  # fmt: skip
-    assert p.recommendation is None and p.command is None
+    p = choose_preset(SHAPES["6.7b"], hw(gpus_per_node=1, gpu_memory_gb=8, cpu_memory_gb=16),
+                      global_batch_size=8, precision="bf16")  # fmt: skip
+    assert p.recommendation is None and with_command(p).command is None
     assert any("nothing fits" in n for n in p.notes)
+
+
+def test_the_pickers_stages_and_offload_are_the_presets_own(tmp_path):
+    """Each candidate's stage and offload are what its preset file says, resolved as the
+    trainer resolves it: a copy of the presets with zero2_offload's optimizer offload turned
+    off makes that row plain ZeRO-2, by its name too."""
+    for name in PRESETS:
+        zero = json.loads((PRESET_DIR / f"{name}.json").read_text())["zero_optimization"]
+        run = preset_run(f"{name}.json", XL, hw(), "bf16", PRESET_DIR)
+        assert run.zero_stage == zero["stage"] and run.precision == "bf16"
+        assert run.offload_optimizer == ("offload_optimizer" in zero)
+        assert run.offload_param == ("offload_param" in zero)
+        assert run.zero.reduce_bucket_size == zero["reduce_bucket_size"]
+    for path in PRESET_DIR.iterdir():
+        (tmp_path / path.name).write_text(path.read_text())
+    edited = json.loads((tmp_path / "zero2_offload.json").read_text())
+    edited["zero_optimization"]["offload_optimizer"]["device"] = "none"
+    (tmp_path / "zero2_offload.json").write_text(json.dumps(edited))
+    p = choose_preset(XL, hw(), global_batch_size=64, precision="bf16", config_dir=tmp_path)
+    row = next(c for c in p.candidates if c.preset == "zero2_offload.json")
+    assert (row.name, row.zero_stage, row.offload_optimizer) == ("ZeRO-2", 2, False)
+    assert candidate_name(preset_run(None, XL, hw(), "bf16", PRESET_DIR)) == "stage 0 (DDP)"
 
 
 # ----------------------------------------------------------------------------------- the CLI

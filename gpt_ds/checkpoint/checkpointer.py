@@ -22,6 +22,7 @@ import errno
 import os
 import random
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,36 @@ def publish(staging: Path, final: Path) -> None:
     os.replace(staging, final)
     if old.exists():
         shutil.rmtree(old)
+
+
+# How torch's zip writer (caffe2/serialize/inline_container.cc, torch 2.13) reports a failed
+# write: a RuntimeError without errno. A full disk (measured on a full tmpfs): "[enforce fail at
+# inline_container.cc:672] . unexpected pos N vs M" (a short write), or, once nothing fits, its
+# C++ stream's "basic_ios::clear: iostream error"; miniz's "PytorchStreamWriter failed writing
+# file ...: file write failed"; a file it cannot create: "[enforce fail at
+# inline_container.cc:747] . open file failed with strerror: Permission denied", or, its
+# directory gone, "Parent directory ... does not exist."
+TORCH_WRITE_FAILURES = (
+    "unexpected pos",
+    "basic_ios::clear",
+    "PytorchStreamWriter failed",
+    "file write failed",
+    "open file failed",
+    "Parent directory",
+)
+
+
+def is_disk_error(exc: BaseException) -> bool:
+    """An OSError, or torch's writer failing to write (TORCH_WRITE_FAILURES)."""
+    if isinstance(exc, OSError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in TORCH_WRITE_FAILURES)
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """A collective that failed because another rank died: torch.distributed's own errors
+    (NCCL's DistBackendError, a lost store), or a RuntimeError from gloo's transport."""
+    return isinstance(exc, torch.distributed.DistError) or "gloo/transport" in str(exc)
 
 
 def _io_failure(out_dir: Path, exc: Exception, checkpoint_bytes: int | None) -> str:
@@ -220,8 +251,11 @@ class Checkpointer:
             if rank == 0:
                 self._publish(engine, dataclasses.replace(manifest, checksums=merged), staging)
             dist.barrier()
-        except (OSError, RuntimeError) as exc:  # disk full, permissions, I/O, a rank died
-            raise self._save_failed(tag, staging, rank, exc) from exc
+        except Exception as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not (is_disk_error(exc) or is_peer_failure(exc)):
+                raise  # a bug (CUDA, DeepSpeed, ours): its own type, message and traceback
+            raise self._save_failed(tag, rank, exc) from exc
         return self.out_dir / tag
 
     def _write_rank_files(self, engine, train_windows, manifest: Manifest, staging: Path) -> None:
@@ -255,19 +289,19 @@ class Checkpointer:
         write_latest(self.out_dir, manifest.tag)
         self._prune(protect={manifest.tag, manifest.best_tag or ""})
 
-    def _save_failed(self, tag: str, staging: Path, rank: int, exc: Exception) -> CheckpointError:
-        """Remove this rank's staging files and say what happened, in words a user can act on."""
-        shutil.rmtree(staging, ignore_errors=True)
-        # NCCL raises DistBackendError when a peer dies; gloo a RuntimeError from its transport
-        if isinstance(exc, torch.distributed.DistBackendError) or "gloo/transport" in str(exc):
+    def _save_failed(self, tag: str, rank: int, exc: Exception) -> CheckpointError:
+        """A disk error or a dead peer (`exc`), in words a user can act on."""
+        if is_peer_failure(exc):
             cause = "another rank failed during the save (its error is above)"
+            advice = "Fix what stopped that rank, then --resume."
         else:
             cause = _io_failure(self.out_dir, exc, self._last_checkpoint_bytes())
+            advice = "Free space or fix permissions, then --resume."
         previous = latest_tag(self.out_dir)
         return CheckpointError(
             f"saving checkpoint {tag!r} to {self.out_dir} failed on rank {rank}: {cause}. "
             f"`latest` still names the previous checkpoint ({previous or 'none'}), which is "
-            "intact. Free space or fix permissions, then --resume."
+            f"intact. {advice}"
         )
 
     def _last_checkpoint_bytes(self) -> int | None:
@@ -296,8 +330,17 @@ class Checkpointer:
         iters = [t for t in complete_tags(self.out_dir) if ITER_TAG.match(t)]
         for tag in iters[: max(0, len(iters) - self.keep_last)]:
             if tag not in protect:
-                shutil.rmtree(self.out_dir / tag, ignore_errors=True)
-                dist.print0(f"checkpoint: removed {tag} (--keep_last {self.keep_last})")
+                self._remove(tag)
+
+    def _remove(self, tag: str) -> None:
+        """Rank 0: delete an old tag; a failure is a warning (the save itself succeeded)."""
+        try:
+            shutil.rmtree(self.out_dir / tag)
+        except OSError as exc:
+            where = f"{self.out_dir / tag} (--keep_last {self.keep_last})"
+            print(f"warning: could not remove {where}: {exc}", file=sys.stderr, flush=True)
+            return
+        dist.print0(f"checkpoint: removed {tag} (--keep_last {self.keep_last})")
 
     # ----------------------------------------------------------------- load
     def load(self, engine, ref: CheckpointRef) -> Resumed:

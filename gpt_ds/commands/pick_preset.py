@@ -9,8 +9,8 @@ Prints one row per candidate (stage 0 / ZeRO-1 / ZeRO-2 / ZeRO-2 + optimizer off
 ZeRO-3 / ZeRO-3 + optimizer & parameter offload, each with and without activation
 checkpointing), one recommendation with its ds_configs/ preset and launch command, and the
 assumptions behind the numbers. `--json` prints the same as JSON. The model is in
-gpt_ds/memory/ (options.py: these flags; picker.py: the candidates and the rule; estimate.py:
-the memory). Exit status 2 on bad input.
+gpt_ds/memory/ (picker.py: the candidates and the rule; estimate.py: the memory); this module
+holds the flags and builds the launch command. Exit status 2 on bad input.
 """
 
 from __future__ import annotations
@@ -22,20 +22,88 @@ from dataclasses import dataclass
 
 from gpt_ds.base.cli import option, parse, run_tool
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.memory import format_plan, plan
+from gpt_ds.base.tool_names import preset_arg, train_script
+from gpt_ds.memory import Candidate, PresetChoice, choose_preset, format_choice
 from gpt_ds.memory.hardware import (
     DEFAULT_INTRA_NODE_GBPS,
     DEFAULT_NETWORK_GBPS,
     DEFAULT_PCIE_GBPS,
     Hardware,
 )
-from gpt_ds.memory.picker import RunArgs
 from gpt_ds.model.gpt2 import MODEL_PRESETS, ModelShape
 from gpt_ds.run.init_source import init_shape, resolve_init
 
 _MODEL = "model: a preset, or all of --n_layer/--n_head/--n_embd"
 _HARDWARE = "hardware"
 _TRAINING = "training"
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """train.py flags the picker passes through to its command: fine-tuning's weights and lr."""
+
+    init_from: str | None = None
+    block_size: int | None = None
+    lr: float | None = None
+
+    def model_flags(self) -> list[str]:
+        """--init_from (train.py takes the shape from the weights), or nothing."""
+        if self.init_from is None:
+            return []
+        return ["--init_from", self.init_from] + (
+            ["--block_size", str(self.block_size)] if self.block_size else []
+        )
+
+    def train_flags(self) -> list[str]:
+        return ["--lr", f"{self.lr:g}"] if self.lr is not None else []
+
+
+def model_flags(shape: ModelShape, model_name: str | None) -> list[str]:
+    """train.py flags that rebuild `shape`: the preset plus any field that differs from it."""
+    name = model_name if model_name in MODEL_PRESETS else "gpt2"
+    base = MODEL_PRESETS[name]
+    flags = ["--model", name]
+    for f in ("n_layer", "n_head", "n_embd", "block_size"):
+        if getattr(shape, f) != getattr(base, f):
+            flags += [f"--{f}", str(getattr(shape, f))]
+    return flags
+
+
+def launch_command(
+    c: Candidate,
+    shape: ModelShape,
+    model_name: str | None,
+    hw: Hardware,
+    precision: str,
+    run_args: RunArgs | None = None,
+) -> str:
+    """The deepspeed command line that trains candidate `c` on `hw` (`run_args`: the weights
+    to start from, which replace the model flags, and the learning rate)."""
+    launcher = (
+        f"deepspeed --num_gpus {hw.gpus_per_node}"
+        if hw.nodes == 1
+        else "deepspeed --hostfile hostfile"
+    )
+    parts = [launcher, train_script(), "--deepspeed_config", preset_arg(c.preset)]
+    run_args = run_args or RunArgs()
+    parts += run_args.model_flags() or model_flags(shape, model_name)
+    parts += run_args.train_flags()
+    parts += ["--precision", precision, "--micro_batch_size", str(c.micro_batch_size)]
+    parts += ["--grad_accum", str(c.grad_accum)]
+    if c.activation_checkpointing:
+        parts.append("--activation_checkpointing")
+    return " ".join(parts)
+
+
+def with_command(choice: PresetChoice, run_args: RunArgs | None = None) -> PresetChoice:
+    """`choice` with the launch command of its recommendation (None where nothing fits)."""
+    rec = choice.recommendation
+    if rec is None:
+        return choice
+    command = launch_command(
+        rec, choice.shape, choice.model_name, choice.hardware, choice.precision, run_args
+    )
+    return dataclasses.replace(choice, command=command)
 
 
 @dataclass(kw_only=True)
@@ -88,14 +156,16 @@ class PickPresetOptions:
         return RunArgs(init_from=self.init_from, block_size=self.block_size, lr=self.lr)
 
     def hardware(self) -> Hardware:
-        """The cluster: the options named like Hardware's fields (checked by `plan`)."""
+        """The cluster: the options named like Hardware's fields (checked by
+        `choose_preset`)."""
         return Hardware(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Hardware)})
 
     def model_shape(self) -> ModelShape:
         """The model: a preset with any size given overriding it, or all of the sizes given.
 
         Raises ConfigError for an unknown preset or missing sizes; the sizes themselves are
-        checked by `plan` (`gpt_ds.model.gpt2.shape_problems`), with the hardware, in one error.
+        checked by `choose_preset` (`gpt_ds.model.gpt2.shape_problems`), with the hardware, in
+        one error.
         """
         given = {
             name: getattr(self, name)
@@ -123,15 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     options = parse(PickPresetOptions, argv)
 
     def pick() -> int:
-        result = plan(
+        choice = choose_preset(
             options.model_shape(),
             options.hardware(),
             global_batch_size=options.global_batch_size,
             precision=options.precision,
             model_name=options.model,
-            run_args=options.run_args(),
         )
-        print(json.dumps(result.to_dict(), indent=2) if options.json else format_plan(result))
+        choice = with_command(choice, options.run_args())
+        print(json.dumps(choice.to_dict(), indent=2) if options.json else format_choice(choice))
         return 0
 
     return run_tool(pick)

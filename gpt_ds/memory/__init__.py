@@ -12,8 +12,9 @@ One module per job; dependencies flow down this list, and nothing here imports t
 * `communication`: bytes each GPU sends per optimizer step, and the seconds that takes.
 * `measure`: `measured_model_state_bytes` of a live engine, through DeepSpeed's internals.
 * `hardware`: `Hardware`, the cluster a plan is for, and how much of its memory a plan may use.
-* `picker`: the candidates, `plan` -> `Plan` (fit, batch split, traffic, time, recommendation).
-* `plan_text`: `format_plan`, a plan as the text `tools/pick_preset.py` prints.
+* `picker`: the candidates (the ds_configs/ presets, resolved as the trainer resolves them),
+  `choose_preset` -> `PresetChoice` (fit, batch split, traffic, time, recommendation).
+* `choice_text`: `format_choice`, a choice as the text `tools/pick_preset.py` prints.
 
 The names below are the package's public interface: import them from `gpt_ds.memory`.
 """
@@ -27,6 +28,7 @@ from gpt_ds.memory.activations import (
     LOGIT_BYTES_PER_ELEMENT,
     activation_bytes,
 )
+from gpt_ds.memory.choice_text import format_choice
 from gpt_ds.memory.communication import (
     comm_bytes_per_step,
     comm_seconds,
@@ -55,14 +57,12 @@ from gpt_ds.memory.picker import (
     RULE,
     TIE_FRACTION,
     Candidate,
-    CandidateSpec,
-    Plan,
+    PresetChoice,
     assumptions,
-    launch_command,
-    model_flags,
-    plan,
+    candidate_name,
+    choose_preset,
+    preset_run,
 )
-from gpt_ds.memory.plan_text import format_plan
 from gpt_ds.memory.settings import DeepSpeedRun, ZeroSettings, load_preset_settings
 
 __all__ = [
@@ -88,24 +88,23 @@ __all__ = [
     "TIE_FRACTION",
     "Candidate",
     "DeepSpeedRun",
-    "CandidateSpec",
     "GiB",
     "Hardware",
     "MemoryEstimate",
-    "Plan",
+    "PresetChoice",
     "ZeroSettings",
     "activation_bytes",
     "assumptions",
+    "candidate_name",
+    "choose_preset",
     "comm_bytes_per_step",
     "comm_seconds",
     "estimate_run",
-    "format_plan",
+    "format_choice",
     "grad_comm_bytes_per_step",
     "largest_module_params",
-    "launch_command",
     "load_preset_settings",
     "measured_model_state_bytes",
-    "model_flags",
     "parameter_layout",
-    "plan",
+    "preset_run",
 ]

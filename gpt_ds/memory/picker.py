@@ -1,16 +1,24 @@
 """The ZeRO preset picker behind tools/pick_preset.py: every candidate's memory, fit, batch
-split, traffic and time on a given cluster, and one recommendation (as text: plan_text.py)."""
+split, traffic and time on a given cluster, and one recommendation (as text: choice_text.py).
+
+The candidates are the ds_configs/ presets, each resolved as the trainer resolves it
+(`resolve_ds_config`, then `DeepSpeedRun.from_resolved`): their ZeRO stage, offload and bucket
+sizes come from the preset files, nowhere else. The launch command the tool prints is built by
+the command (gpt_ds/commands/pick_preset.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.base.tool_names import preset_arg, train_script
-from gpt_ds.dsconfig.schema import PRESET_DIR
+from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
+from gpt_ds.dsconfig.schema import PRESET_DIR, PRESETS, load_ds_config
 from gpt_ds.memory.activations import ACT_BYTES_PER_SBH_16BIT
 from gpt_ds.memory.communication import comm_bytes_per_step, comm_seconds
 from gpt_ds.memory.constants import PRECISION_BYTES, GiB
@@ -21,7 +29,7 @@ from gpt_ds.memory.hardware import (
     GPU_USABLE_FRACTION,
     Hardware,
 )
-from gpt_ds.memory.settings import DeepSpeedRun, ZeroSettings, load_preset_settings
+from gpt_ds.memory.settings import DeepSpeedRun
 from gpt_ds.model.gpt2 import ModelShape, flops_per_token, shape_problems
 
 DS_CONFIG_DIR = PRESET_DIR  # the presets, installed or in a checkout
@@ -33,25 +41,9 @@ RECOMPUTE_FACTOR = 4 / 3  # activation checkpointing re-runs the forward: 8 inst
 CHUNKED_LOSS = True  # the trainer's default --loss chunked: no full logits (activations.py)
 
 
-class CandidateSpec(NamedTuple):
-    """One configuration the picker tries (each with and without activation checkpointing)."""
-
-    name: str
-    zero_stage: int
-    offload_optimizer: bool
-    offload_param: bool
-    preset: str | None
-    """The ds_configs/ file (None: no preset, a baseline only)."""
-
-
-CANDIDATES: list[CandidateSpec] = [
-    CandidateSpec("stage 0 (DDP)", 0, False, False, None),
-    CandidateSpec("ZeRO-1", 1, False, False, "zero1.json"),
-    CandidateSpec("ZeRO-2", 2, False, False, "zero2.json"),
-    CandidateSpec("ZeRO-2 + opt offload", 2, True, False, "zero2_offload.json"),
-    CandidateSpec("ZeRO-3", 3, False, False, "zero3.json"),
-    CandidateSpec("ZeRO-3 + opt&param offload", 3, True, True, "zero3_offload.json"),
-]
+# What the picker tries (each with and without activation checkpointing): the plain
+# data-parallel baseline (no preset: DeepSpeed's defaults at stage 0), then every preset.
+CANDIDATES: list[str | None] = [None, *(f"{name}.json" for name in PRESETS)]
 MAX_MICRO_BATCH = 4096
 TIE_FRACTION = 0.02
 RULE = (
@@ -101,8 +93,8 @@ class Candidate:
 
 
 @dataclass
-class Plan:
-    """Every candidate for one model on one cluster, the recommendation and its command."""
+class PresetChoice:
+    """Every candidate for one model on one cluster, and the recommendation."""
 
     shape: ModelShape
     model_name: str | None
@@ -111,9 +103,10 @@ class Plan:
     target_global_batch: int
     candidates: list[Candidate]
     recommendation: Candidate | None
-    command: str | None
     assumptions: list[str]
     notes: list[str]
+    command: str | None = None
+    """The launch command of the recommendation: the command module's to fill in."""
 
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommendation
@@ -189,46 +182,80 @@ def _times(shape: ModelShape, c: Candidate, hw: Hardware, precision: str) -> Non
     c.offload_s = pcie * 8 / (hw.pcie_gbps * 1e9) + cpu_adam
 
 
+def preset_run(
+    preset: str | None, shape: ModelShape, hw: Hardware, precision: str, config_dir: Path
+) -> DeepSpeedRun:
+    """The run a preset describes on `hw` at micro-batch 1, resolved as the trainer resolves
+    it (run/plan.py); None: the stage-0 baseline, DeepSpeed's defaults. Resolved in fp32,
+    which no machine refuses (the picker plans for another cluster than the one it runs on),
+    then set to `precision`."""
+    if preset is None:
+        return DeepSpeedRun(
+            zero_stage=0,
+            offload_optimizer=False,
+            offload_param=False,
+            world_size=hw.world_size,
+            gpus_per_node=hw.gpus_per_node,
+            micro_batch_size=1,
+            precision=precision,
+            activation_checkpointing=False,
+            chunked_loss=CHUNKED_LOSS,
+        )
+    settings = RunSettings(
+        world_size=hw.world_size,
+        micro_batch_size=1,
+        max_iters=1,
+        precision="fp32",
+        hidden_size=shape.n_embd,
+    )
+    path = config_dir / preset
+    # resolving asks DeepSpeed which Adam this machine runs; its log goes to stdout (--json)
+    with contextlib.redirect_stdout(sys.stderr):
+        resolved = resolve_ds_config(load_ds_config(path), settings, source=str(path))
+    run = DeepSpeedRun.from_resolved(
+        resolved,
+        world_size=hw.world_size,
+        gpus_per_node=hw.gpus_per_node,
+        activation_checkpointing=False,
+        chunked_loss=CHUNKED_LOSS,
+    )
+    return dataclasses.replace(run, precision=precision)
+
+
+def candidate_name(run: DeepSpeedRun) -> str:
+    """A candidate's row name, from its stage and offload: "ZeRO-2 + opt offload"."""
+    if run.zero_stage == 0:
+        return "stage 0 (DDP)"
+    offload = {(True, True): " + opt&param offload", (True, False): " + opt offload"}
+    offload[(False, True)] = " + param offload"
+    return f"ZeRO-{run.zero_stage}" + offload.get((run.offload_optimizer, run.offload_param), "")
+
+
 def _candidate(
     shape: ModelShape,
     hw: Hardware,
-    precision: str,
     target: int,
-    spec: CandidateSpec,
+    preset: str | None,
+    base: DeepSpeedRun,
     ckpt: bool,
-    config_dir: Path,
 ) -> Candidate:
     """One row: memory at micro-batch 1 and 2, the fit, the batch split and the step time."""
-    path = config_dir / spec.preset if spec.preset else None
-    settings = load_preset_settings(path) if path else ZeroSettings()
-    source = f"ds_configs/{spec.preset}" if path and path.is_file() else "DeepSpeed defaults"
 
     def est(micro: int) -> MemoryEstimate:
-        run = DeepSpeedRun(
-            zero_stage=spec.zero_stage,
-            offload_optimizer=spec.offload_optimizer,
-            offload_param=spec.offload_param,
-            world_size=hw.world_size,
-            gpus_per_node=hw.gpus_per_node,
-            micro_batch_size=micro,
-            precision=precision,
-            activation_checkpointing=ckpt,
-            chunked_loss=CHUNKED_LOSS,
-            zero=settings,
-        )
+        run = dataclasses.replace(base, micro_batch_size=micro, activation_checkpointing=ckpt)
         return estimate_run(shape, run)
 
     e1 = est(1)
     max_micro = _max_micro_batch(e1, est(2), hw.usable_gpu_bytes)
     why = _why_not(e1, max_micro, hw)
     c = Candidate(
-        name=spec.name,
-        zero_stage=spec.zero_stage,
-        offload_optimizer=spec.offload_optimizer,
-        offload_param=spec.offload_param,
+        name=candidate_name(base),
+        zero_stage=base.zero_stage,
+        offload_optimizer=base.offload_optimizer,
+        offload_param=base.offload_param,
         activation_checkpointing=ckpt,
-        preset=spec.preset,
-        settings_from=source,
+        preset=preset,
+        settings_from=f"ds_configs/{preset}" if preset else "DeepSpeed defaults",
         estimate=e1,
         fits=not why,
         why_not=why,
@@ -239,7 +266,7 @@ def _candidate(
             max_micro, target, hw.world_size
         )
         c.total_at_micro_batch = est(c.micro_batch_size).total
-    _times(shape, c, hw, precision)
+    _times(shape, c, hw, base.precision)
     return c
 
 
@@ -272,67 +299,9 @@ def _choose(cands: list[Candidate]) -> Candidate | None:
     )
 
 
-@dataclass(frozen=True)
-class RunArgs:
-    """train.py flags the picker passes through to its command: fine-tuning's weights and lr."""
-
-    init_from: str | None = None
-    block_size: int | None = None
-    lr: float | None = None
-
-    def model_flags(self) -> list[str]:
-        """--init_from (train.py takes the shape from the weights), or nothing."""
-        if self.init_from is None:
-            return []
-        return ["--init_from", self.init_from] + (
-            ["--block_size", str(self.block_size)] if self.block_size else []
-        )
-
-    def train_flags(self) -> list[str]:
-        return ["--lr", f"{self.lr:g}"] if self.lr is not None else []
-
-
-def model_flags(shape: ModelShape, model_name: str | None) -> list[str]:
-    """train.py flags that rebuild `shape`: the preset plus any field that differs from it."""
-    from gpt_ds.model.gpt2 import MODEL_PRESETS
-
-    name = model_name if model_name in MODEL_PRESETS else "gpt2"
-    base = MODEL_PRESETS[name]
-    flags = ["--model", name]
-    for f in ("n_layer", "n_head", "n_embd", "block_size"):
-        if getattr(shape, f) != getattr(base, f):
-            flags += [f"--{f}", str(getattr(shape, f))]
-    return flags
-
-
-def launch_command(
-    c: Candidate,
-    shape: ModelShape,
-    model_name: str | None,
-    hw: Hardware,
-    precision: str,
-    run_args: RunArgs | None = None,
-) -> str:
-    """The deepspeed command line that trains candidate `c` on `hw` (`run_args`: the weights
-    to start from, which replace the model flags, and the learning rate)."""
-    launcher = (
-        f"deepspeed --num_gpus {hw.gpus_per_node}"
-        if hw.nodes == 1
-        else "deepspeed --hostfile hostfile"
-    )
-    parts = [launcher, train_script(), "--deepspeed_config", preset_arg(c.preset)]
-    run_args = run_args or RunArgs()
-    parts += run_args.model_flags() or model_flags(shape, model_name)
-    parts += run_args.train_flags()
-    parts += ["--precision", precision, "--micro_batch_size", str(c.micro_batch_size)]
-    parts += ["--grad_accum", str(c.grad_accum)]
-    if c.activation_checkpointing:
-        parts.append("--activation_checkpointing")
-    return " ".join(parts)
-
-
 def assumptions(hw: Hardware, precision: str) -> list[str]:
-    """The assumptions behind every figure of a plan, one sentence each, with the values used."""
+    """The assumptions behind every figure of a choice, one sentence each, with the values
+    used."""
     tflops = hw.gpu_tflops or DEFAULT_GPU_TFLOPS[precision]
     net = (
         f"inter-node network {hw.network:g} Gbit/s per node"
@@ -376,7 +345,7 @@ def assumptions(hw: Hardware, precision: str) -> list[str]:
     ]
 
 
-def plan(
+def choose_preset(
     shape: ModelShape,
     hardware: Hardware,
     *,
@@ -384,18 +353,16 @@ def plan(
     precision: str,
     model_name: str | None = None,
     config_dir: Path = DS_CONFIG_DIR,
-    run_args: RunArgs | None = None,
-) -> Plan:
+) -> PresetChoice:
     """Every candidate's memory, fit, batch split, traffic and time, and one recommendation."""
-    _check_plan(shape, hardware, global_batch_size, precision)
-    cands = [
-        _candidate(shape, hardware, precision, global_batch_size, spec, ckpt, config_dir)
-        for spec in CANDIDATES
-        for ckpt in (False, True)
-    ]
+    _check_inputs(shape, hardware, global_batch_size, precision)
+    cands = []
+    for preset in CANDIDATES:
+        base = preset_run(preset, shape, hardware, precision, config_dir)
+        for ckpt in (False, True):
+            cands.append(_candidate(shape, hardware, global_batch_size, preset, base, ckpt))
     rec = _choose(cands)
-    command = launch_command(rec, shape, model_name, hardware, precision, run_args) if rec else None
-    return Plan(
+    return PresetChoice(
         shape=shape,
         model_name=model_name,
         hardware=hardware,
@@ -403,13 +370,12 @@ def plan(
         target_global_batch=global_batch_size,
         candidates=cands,
         recommendation=rec,
-        command=command,
         assumptions=assumptions(hardware, precision),
         notes=_notes(hardware, global_batch_size, rec),
     )
 
 
-def _check_plan(shape: ModelShape, hw: Hardware, global_batch_size: int, precision: str) -> None:
+def _check_inputs(shape: ModelShape, hw: Hardware, global_batch_size: int, precision: str) -> None:
     """Every problem of the inputs, raised at once, named by the pick_preset flags."""
     problems = hw.check()
     if global_batch_size < 1:

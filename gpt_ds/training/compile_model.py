@@ -5,9 +5,11 @@ memory, BENCHMARKS.md); off on CPU ranks, where compiling takes minutes per laun
 
 The compiled graphs are built on the first forward and backward, so the first iteration
 carries the compile time (the trainer reports it apart from the steady-state speed). Where
-torch.compile cannot work, the run goes on eager, saying why: no C++ compiler for inductor on
-CPU, no Triton for it on a GPU, or `engine.compile()` itself refusing; a graph that fails to
-compile later also falls back to eager (dynamo's `suppress_errors`), with torch's own warning.
+torch.compile cannot work, the run goes on eager and says so at start-up in a WARNING line
+naming why: no C++ compiler for inductor on CPU, no Triton for it on a GPU, or
+`engine.compile()` itself refusing. Nothing else is hidden: dynamo's process-wide
+`suppress_errors` is left as torch sets it, so a graph that fails to compile later is torch's to
+report, with its own error.
 The chunked loss stays eager (`torch.compiler.disable` in chunked_loss.py): it is a loop of
 large matmuls that compile would only unroll.
 """
@@ -43,15 +45,14 @@ def wants_compile(mode: str, device_type: str) -> bool:
 
 
 def compile_engine(engine, device_type: str) -> str:
-    """Compile the engine's module; returns the line for the log (compiled, or why not)."""
+    """Compile the engine's module; returns the line for the log: compiled, or a WARNING
+    saying why not and that the run trains eager."""
     blocker = compile_blocker(device_type)
+    if blocker is None:
+        try:
+            engine.compile()
+        except (RuntimeError, ValueError) as exc:
+            blocker = f"engine.compile() refused: {exc}"
     if blocker is not None:
-        return f"--compile: training eager: {blocker}"
-    try:
-        engine.compile()
-    except (RuntimeError, ValueError) as exc:
-        return f"--compile: training eager: engine.compile() refused: {exc}"
-    import torch._dynamo
-
-    torch._dynamo.config.suppress_errors = True  # a graph that cannot compile runs eager
+        return f"WARNING: --compile: cannot compile, the run trains eager: {blocker}"
     return "--compile: model compiled by torch.compile (inductor); the first iteration compiles"

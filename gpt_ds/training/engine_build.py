@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from gpt_ds.base import dist
-from gpt_ds.base.errors import CheckpointError
+from gpt_ds.base.errors import CheckpointError, GptDsError
 from gpt_ds.dsconfig.lr_schedule import wsd_scheduler
 from gpt_ds.dsconfig.monitors import prepare_wandb
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
@@ -77,18 +77,28 @@ def _own_scheduler(cfg: RunConfig, ds: ResolvedDsConfig, decay_iters: int):
 
 def _weights_path(init: InitSource, out_dir: str) -> str:
     """What `build_model` loads: "scratch", Hugging Face weights, or a checkpoint's export
-    (made by rank 0; a failure there is raised on every rank, not left to hang them)."""
+    (made by rank 0; a failure there is raised on every rank, not left to hang them: a
+    checkpoint or disk problem as its message, anything else by rank 0 as itself, with its
+    traceback, and by the others as a pointer to it)."""
     ref = init.checkpoint
     if ref is None:
         return init.value
-    error, path = None, None
+    error, path, crash = None, None, None
     if dist.is_main():
         dist.print0(f"init: weights of {init.describe()}, exported for loading")
         try:
             path = str(export_for_loading(ref, out_dir, log=None))
-        except Exception as exc:  # any failure must reach the ranks waiting in the gather
+        except (GptDsError, OSError) as exc:
             error = f"--init_from {init.value}: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # a bug: it must still reach the ranks waiting in the gather
+            crash = exc
+            error = (
+                f"--init_from {init.value}: rank 0 failed exporting {ref.tag_dir} "
+                f"({type(exc).__name__}); see its error above"
+            )
     error, path = dist.gather_objects((error, path))[0]
+    if crash is not None:
+        raise crash
     if error is not None:
         raise CheckpointError(error)
     unseen = [r for r, seen in enumerate(dist.gather_objects(Path(path).is_dir())) if not seen]

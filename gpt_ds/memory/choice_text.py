@@ -1,16 +1,17 @@
-"""The preset picker's plan as text: the table, the recommendation, the rule and assumptions."""
+"""The preset picker's choice as text: the table, the recommendation, the rule and
+assumptions."""
 
 from __future__ import annotations
 
 from gpt_ds.memory.constants import GiB
-from gpt_ds.memory.picker import RULE, Plan
+from gpt_ds.memory.picker import RULE, PresetChoice
 
 
 def _gib(x: int | None) -> str:
     return "-" if x is None else f"{x / GiB:.2f}"
 
 
-def format_plan(p: Plan) -> str:
+def format_choice(p: PresetChoice) -> str:
     """The picker's table, recommendation and assumptions as text."""
     out = [_head(p), *_table(p), ""]
     out += _recommendation(p)
@@ -21,7 +22,7 @@ def format_plan(p: Plan) -> str:
     return "\n".join(out)
 
 
-def _head(p: Plan) -> str:
+def _head(p: PresetChoice) -> str:
     """Model, hardware and target batch, three lines."""
     s, hw = p.shape, p.hardware
     return (
@@ -34,7 +35,7 @@ def _head(p: Plan) -> str:
     )
 
 
-def _table(p: Plan) -> list[str]:
+def _table(p: PresetChoice) -> list[str]:
     """The header, a rule, and one row per candidate."""
     g = _gib
     cols = (
@@ -57,7 +58,7 @@ def _table(p: Plan) -> list[str]:
     return rows
 
 
-def _recommendation(p: Plan) -> list[str]:
+def _recommendation(p: PresetChoice) -> list[str]:
     """The recommendation and its command (nothing where no candidate fits)."""
     rec, hw = p.recommendation, p.hardware
     if rec is None:
