@@ -47,6 +47,7 @@ from support.faults import Launch
 from support.launch import REPO, launch_env, tiny_run_args
 from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 
+from gpt_ds.checkpoint.integrity import file_digest
 from gpt_ds.observe.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -594,9 +595,11 @@ def test_resume_on_another_world_size(name, refs, launch, shakespeare_dir, tmp_p
     assert (manifest["iteration"], manifest["world_size"], manifest["universal"]) == (8, 2, True)
 
 
-def test_universal_checkpoint_tool(refs, tmp_path):
+def test_universal_checkpoint_tool(refs, launch, tmp_path):
     """tools/universal_checkpoint.py: converts `latest` (or --tag), prints the new tag; a
-    missing or incomplete tag is `error: ...` and exit 2."""
+    missing or incomplete tag is `error: ...` and exit 2. The universal tag lists its own files
+    with their sha256 (`sha256sum` the reference): one flipped byte in its largest file is
+    refused by `--resume`, naming the file, and a conversion made again replaces it."""
     ref = refs.get("zero2")
     out = tmp_path / "run"
     copy_checkpoint(ref.out, "iter_4", out)
@@ -616,6 +619,26 @@ def test_universal_checkpoint_tool(refs, tmp_path):
     assert not (out / "iter_4_universal.partial").exists()
     assert not (out / "latest_universal").exists()
     assert latest(out) == "iter_4"  # converting does not move `latest`
+    universal = out / "iter_4_universal"
+    names = sorted(manifest["files"])
+    assert "gpt_ds_rank0.pt" in names and any(n.startswith("zero/") for n in names)
+    sha = subprocess.run(["sha256sum", *names], cwd=universal, capture_output=True, text=True)
+    assert manifest["checksums"] == dict(
+        reversed(x.split("  ", 1)) for x in sha.stdout.splitlines()
+    )
+    largest = max(names, key=lambda n: manifest["files"][n])
+    with (universal / largest).open("r+b") as f:  # one byte flipped, the size kept
+        f.seek(manifest["files"][largest] // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    args = ref.args(out, resume="iter_4_universal", max_iters=6, grad_accum=2)
+    refused = launch(args, "damaged_universal", num_gpus=1)
+    assert refused.finish() == 2, refused.tail()
+    assert f"{largest} differs from its recorded sha256 checksum" in refused.output
+    assert "verified" not in refused.output
+    assert tool("--tag", "iter_4").returncode == 0  # damaged: converted again
+    assert file_digest(universal / largest) == manifest["checksums"][largest]
 
     for args, message in [
         (["--tag", "iter_6"], f"error: {out}/iter_6: incomplete checkpoint (no gpt_ds.json"),

@@ -25,8 +25,8 @@ from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.checkpoint import Manifest
-from gpt_ds.checkpoint.manifest import migrate
 from gpt_ds.checkpoint.batch import with_saved_micro_batch
+from gpt_ds.checkpoint.manifest import migrate
 from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.observe.metrics import read_metrics
 

@@ -102,7 +102,7 @@ NOT_REPLAYED = ("resume",)  # a replay repeats the run from its start, in its ow
 def replayed_flags(data: dict[str, Any]) -> dict[str, Any]:
     """The flags `--config TAG/gpt_ds.json` replays: the run config as the user asked it, in
     this format's layout, less --resume."""
-    config = migrate(data)["config"]
+    config = data["config"] if _version(data) else _config_from_version_0(data["config"])
     return {k: v for k, v in config.items() if k not in NOT_REPLAYED}
 
 
@@ -113,31 +113,27 @@ def migrate(data: dict[str, Any], tag_dir: Path | str = "") -> dict[str, Any]:
     """A manifest's fields in this format's layout, from the layout of any gpt_ds that wrote
     one (a CheckpointError for a newer format). Version 0 is every manifest before
     `format_version` existed; fields it may lack are filled as those versions meant them."""
+    return _from_version_0(data) if _version(data, tag_dir) == 0 else data
+
+
+def _version(data: dict[str, Any], tag_dir: Path | str = "") -> int:
     version = data.get("format_version", 0)
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise CheckpointError(
             f"{Path(tag_dir) / MANIFEST}: checkpoint format {version!r}, this gpt_ds reads up "
             f"to {FORMAT_VERSION}: load it with the gpt_ds that wrote it, or a newer one"
         )
-    if version == 0:
-        data = _from_version_0(data)
-    return data
+    return version
 
 
 def _from_version_0(old: dict[str, Any]) -> dict[str, Any]:
     """Version 0 to 1: the batch where only the flags held it, the tokens trained on from that
-    batch, the per-rank data stream (before the global one), the run config as asked (its
-    budget's computed steps and a true/false --compile were written into it)."""
-    new = dict(old, format_version=1)
-    config = dict(old["config"])
+    batch, the per-rank data stream (before the global one), the run config as asked; a
+    universal tag's files, which were its source's."""
+    new = dict(old, format_version=1, config=_config_from_version_0(old["config"]))
     for name in ("micro_batch_size", "grad_accum"):
         if new.get(name) is None:
-            new[name] = config.get(name)
-    if config.get("max_tokens") is not None or config.get("max_epochs") is not None:
-        config["max_iters"] = None  # planned from the budget, not asked
-    if isinstance(config.get("compile"), bool):
-        config["compile"] = "on" if config["compile"] else "off"
-    new["config"] = config
+            new[name] = old["config"].get(name)
     if new.get("tokens") is None and new["micro_batch_size"] and new["grad_accum"]:
         batch = new["micro_batch_size"] * new["grad_accum"] * new["world_size"]
         new["tokens"] = new["iteration"] * batch * int(new["model"]["block_size"])
@@ -145,3 +141,14 @@ def _from_version_0(old: dict[str, Any]) -> dict[str, Any]:
     if new.get("universal"):  # it listed its source's files, not its own: none to verify
         new.update(files={}, checksums={}, checksum_algorithm=None)
     return new
+
+
+def _config_from_version_0(old: dict[str, Any]) -> dict[str, Any]:
+    """The run config as asked: version 0 wrote a budget's computed steps into max_iters, and
+    --compile was true/false before `auto`."""
+    config = dict(old)
+    if config.get("max_tokens") is not None or config.get("max_epochs") is not None:
+        config["max_iters"] = None  # planned from the budget, not asked
+    if isinstance(config.get("compile"), bool):
+        config["compile"] = "on" if config["compile"] else "off"
+    return config
