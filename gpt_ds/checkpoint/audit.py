@@ -27,7 +27,8 @@ class TagAudit:
     bytes: int
     seconds: float
     problems: list[str] = field(default_factory=list)
-    note: str = ""  # what could not be checked, e.g. no checksums recorded
+    note: str = ""  # what it is, e.g. a universal tag and its source
+    unverified: str | None = None  # why its bytes could not be checked (integrity.py)
 
     @property
     def ok(self) -> bool:
@@ -40,8 +41,6 @@ def audit_tag(tag_dir: Path, manifest: Manifest) -> TagAudit:
     if not problems:
         problems = checksum_problems(tag_dir, manifest, list(manifest.files))
     note = f"universal, from {manifest.source_tag}" if manifest.universal else ""
-    if why := unverified_reason(manifest):
-        note = f"UNVERIFIED: sizes only, {why}"
     return TagAudit(
         tag=tag_dir.name,
         iteration=manifest.iteration,
@@ -50,6 +49,7 @@ def audit_tag(tag_dir: Path, manifest: Manifest) -> TagAudit:
         seconds=time.perf_counter() - started,
         problems=problems,
         note=note,
+        unverified=unverified_reason(manifest),
     )
 
 
@@ -80,12 +80,13 @@ def audit_lines(out_dir: Path, audits: list[TagAudit]) -> list[str]:
     latest = latest_tag(out_dir)
     lines = ["| tag | iteration | files | MiB | status |", "|---|---:|---:|---:|---|"]
     for a in audits:
-        status = "ok" if a.ok else "DAMAGED"
+        status = "DAMAGED" if not a.ok else "UNVERIFIED: sizes only" if a.unverified else "ok"
         status += f" ({a.note})" if a.note else ""
         mark = " (latest)" if a.tag == latest else ""
         mib = a.bytes / 2**20
         lines.append(f"| {a.tag}{mark} | {a.iteration} | {a.files} | {mib:.1f} | {status} |")
     for a in audits:
         lines += [f"{out_dir / a.tag}: {p}" for p in a.problems]
+        lines += [f"{out_dir / a.tag}: unverified: {a.unverified}"] if a.unverified else []
     lines += [f"{d}: incomplete (its save did not finish), ignored" for d in partial_dirs(out_dir)]
     return lines
