@@ -7,6 +7,7 @@ engine state."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -25,7 +26,7 @@ from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.checkpoint import Manifest
-from gpt_ds.checkpoint.batch import with_saved_micro_batch
+from gpt_ds.checkpoint.batch import migrated_windows_state
 from gpt_ds.checkpoint.manifest import migrate
 from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.observe.metrics import read_metrics
@@ -153,12 +154,13 @@ def test_a_state_of_the_micro_batch_counting_stream_continues_after_its_sequence
         )
     )
     s = train_windows(6, rank=1)
-    s.load_state_dict(with_saved_micro_batch(old, manifest))
+    s.load_state_dict(migrated_windows_state(old, manifest, micro_batch_now=6))
     assert s.sequences == 15
-    s.load_state_dict(old)  # nothing recorded: this run's micro-batch
-    assert s.sequences == 30
+    unrecorded = dataclasses.replace(manifest, micro_batch_size=None)
+    s.load_state_dict(migrated_windows_state(old, unrecorded, micro_batch_now=6))
+    assert s.sequences == 30  # nothing recorded: this run's micro-batch
     new = train_windows(3).state_dict()  # a current state keeps its own count
-    assert with_saved_micro_batch(new, manifest)["sequences"] == 0
+    assert migrated_windows_state(new, manifest, micro_batch_now=6) == new
 
 
 # ---------------------------------------------------------------------------- real runs

@@ -101,14 +101,17 @@ def _drawn(saved: Batch, iteration: int) -> str:
     return f"{iteration * per_rank} sequences"
 
 
-def with_saved_micro_batch(train_windows_state: dict, manifest: Manifest) -> dict:
-    """`train_windows_state` with the checkpoint's micro-batch added where it lacks one: a
-    state of gpt_ds before the per-sequence stream counts micro-batches, which data.TrainWindows
-    turns into sequences with it."""
-    micro = Batch.of(manifest).micro_batch_size
-    if micro is None:
-        return train_windows_state
-    return {"micro_batch_size": micro, **train_windows_state}
+def migrated_windows_state(state: dict, manifest: Manifest, micro_batch_now: int) -> dict:
+    """A rank file's training-window state in today's layout (`stream`, `sequences`), the
+    rank file's side of manifest.migrate. Older gpt_ds saved no `stream` (each rank had its
+    own), and before the per-sequence stream a `position` in micro-batches: it continues after
+    position x the checkpoint's micro-batch (else this run's) sequences, as far along the stream
+    as the old run had drawn but not the windows the old code would have drawn next."""
+    new = {"stream": "per_rank", **state}
+    if "sequences" not in new:
+        micro = manifest.micro_batch_size or micro_batch_now
+        new["sequences"] = int(new.pop("position")) * int(micro)
+    return new
 
 
 def batch_change_lines(manifest: Manifest, now: Batch) -> list[str]:

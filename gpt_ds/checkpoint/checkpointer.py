@@ -33,7 +33,7 @@ import torch
 from gpt_ds.base import dist
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.base.tool_names import tool
-from gpt_ds.checkpoint.batch import with_saved_micro_batch
+from gpt_ds.checkpoint.batch import migrated_windows_state
 from gpt_ds.checkpoint.integrity import (
     ALGORITHM,
     checksum_problems,
@@ -192,6 +192,8 @@ def check_same_data(ref: CheckpointRef, identity: dict[str, Any]) -> None:
     nothing; a mixture's names and weights too): resuming continues the same run (its
     training-window positions index that data); new data is a new run."""
     saved = ref.manifest.data
+    if saved is None and "mixture" in identity:  # saved before mixtures: one source's
+        saved = {"train_tokens": None, "val_tokens": None}
     if saved is None or saved == identity:  # saved before checkpoints recorded their data
         return
     detail = ", ".join(
@@ -374,7 +376,9 @@ class Checkpointer:
             iteration=manifest.iteration,
             best_val_loss=manifest.best_val_loss,
             best_tag=manifest.best_tag,
-            train_windows_state=with_saved_micro_batch(self._load_rank_state(ref), manifest),
+            train_windows_state=migrated_windows_state(
+                self._load_rank_state(ref), manifest, engine.train_micro_batch_size_per_gpu()
+            ),
             manifest=manifest,
         )
 

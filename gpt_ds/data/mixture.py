@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt_ds.base.errors import DataError
 from gpt_ds.data.spec import data_specs
 from gpt_ds.data.tokens import GlobalSplit, TokenData, TrainWindows, load_token_data, xy_batch
 
@@ -121,8 +120,3 @@ class MixtureWindows(TrainWindows):
 
     def step_signature(self, first: int, count: int) -> np.ndarray:
         return np.concatenate(self.picks(first, count))
-
-    def load_state_dict(self, state: dict) -> None:
-        if "sequences" not in state:
-            raise DataError("training-window state of a single-source run cannot resume a mixture")
-        super().load_state_dict(state)

@@ -214,25 +214,17 @@ class TrainWindows:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue after the state's `sequences`. A state without `stream` is per-rank. A
-        state of gpt_ds before the per-sequence stream counts micro-batches (`position`): it
-        continues after position x the saved micro-batch (`micro_batch_size`, which the
-        checkpoint loader adds from the manifest; else this run's) sequences: as far along the
-        new stream as the old run had drawn, but other windows than the old code would have
-        drawn next (not a bit-identical continuation of a pre-change run)."""
+        """Continue after the state's `sequences` (the state of an older gpt_ds is migrated
+        first: checkpoint/batch.py migrated_windows_state)."""
         if state["seed"] != self.seed:
             raise DataError(f"training-window state has seed {state['seed']}, this run {self.seed}")
-        saved = state.get("stream", "per_rank")
+        saved = state["stream"]
         if saved != self.stream:
             raise DataError(
                 f"training-window state is of the {saved} stream, this run's {self.stream}"
             )
         self.micro_step = 0
-        if "sequences" in state:
-            self.sequences = int(state["sequences"])
-        else:
-            micro = state.get("micro_batch_size") or self.batch_size
-            self.sequences = int(state["position"]) * int(micro)
+        self.sequences = int(state["sequences"])
 
 
 def eval_windows(num_tokens: int, block_size: int, count: int) -> np.ndarray:

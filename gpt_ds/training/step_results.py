@@ -43,6 +43,10 @@ class PendingSteps:
         self.norms: list[torch.Tensor | float | None] = []
         self.skipped: list[bool] = []
 
+    def clear(self) -> None:
+        for pending in (self.iterations, self.losses, self.norms, self.skipped):
+            pending.clear()
+
     def __len__(self) -> int:
         return len(self.iterations)
 
@@ -75,7 +79,7 @@ class PendingSteps:
                 self.iterations, loss_values, norms, self.skipped, strict=True
             )
         ]
-        self.__init__()
+        self.clear()
         return results
 
 

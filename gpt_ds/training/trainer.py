@@ -38,7 +38,6 @@ from gpt_ds.observe.profile import StepProfiler
 from gpt_ds.observe.rss import release_freed_blocks, wants_release
 from gpt_ds.observe.watchdog import Watchdog
 from gpt_ds.run.plan import RunPlan
-from gpt_ds.training.compile_model import wants_compile
 from gpt_ds.training.early_stop import EarlyStop
 from gpt_ds.training.engine_build import build_engine
 from gpt_ds.training.evaluation import evaluate_mix
@@ -135,7 +134,7 @@ class Trainer:
     def _first_step_report(self, seconds: float) -> None:
         """Memory after the first step; with --compile, its time (compilation included)."""
         startup.model_states(self.engine, self.estimate)
-        if wants_compile(self.cfg.compile, dist.device().type):
+        if self.engine.is_compiled:  # engine_build decided, and compiled or said why not
             self.metrics.event(
                 {
                     "event": "compile",
@@ -259,10 +258,10 @@ class Trainer:
         self.window.add(results, self.step_seconds + time.perf_counter() - t0)
         self.step_seconds = 0.0
 
-    def _progress(self, phase: str, it: int | None = None) -> None:
+    def _progress(self, next_work: str, it: int | None = None) -> None:
         """A unit of work done, and what comes next, for the hang watchdog."""
         if self.watchdog is not None:
-            self.watchdog.progress(phase, it)
+            self.watchdog.progress(next_work, it)
 
     def _stop_non_finite(self, r: StepResult) -> None:
         good = latest_tag(self.cfg.out_dir)
