@@ -2,7 +2,7 @@
 Hugging Face export of the same checkpoint (every tensor in llama.cpp's layout, f32 exact, f16
 and bf16 the casts, q8_0 within its quantization step), the metadata llama.cpp's GPT-2
 converter writes, and the refusals. llama.cpp itself converts and runs these files by hand
-(README "Run it with llama.cpp"), not here."""
+(docs/export.md "Run it with llama.cpp"), not here."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The design rules of the package, checked: subpackages in layers (none imports a layer above
 it), few modules beside them, small modules, short functions on the training path, an import
-graph without cycles in which nothing imports the entry point, a README layout table that lists
-every subpackage, and tests that import helpers, never other tests."""
+graph without cycles in which nothing imports the entry point, a layout table
+(docs/development.md) that lists every subpackage, and tests that import helpers, never other
+tests."""
 
 from __future__ import annotations
 
@@ -152,11 +153,11 @@ def test_few_modules_beside_the_subpackages_and_none_crowded():
         assert count <= MAX_SUBPACKAGE_MODULES, f"gpt_ds/{layer}/: {count} modules"
 
 
-def test_readme_layout_table_lists_every_subpackage():
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("## Layout") : readme.index("## Development")]
+def test_layout_table_lists_every_subpackage():
+    page = (REPO / "docs" / "development.md").read_text()
+    table = page[page.index("## Layout") : page.index("## Words in the code")]
     missing = [layer for layer in LAYERS if f"`gpt_ds/{layer}/`" not in table]
-    assert missing == [], f"README's layout table lacks {missing}"
+    assert missing == [], f"docs/development.md's layout table lacks {missing}"
 
 
 def test_benchmarks_import_their_support_not_the_tests_nor_each_other():

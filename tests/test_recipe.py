@@ -1,4 +1,4 @@
-"""The fine-tuning recipe of the README (GPT-2 XL on 4 x 32 GB GPUs from `gpt2-xl`) scaled down:
+"""The fine-tuning recipe of docs/memory.md (GPT-2 XL on 4 x 32 GB GPUs from `gpt2-xl`) scaled down:
 the preset picker prints the command for a small pretrained GPT-2 on 2 ranks, and that command,
 unchanged but for the data and output flags, trains."""
 

@@ -164,3 +164,37 @@ def run_tool(main: Callable[[], int | None], interrupted: str = "interrupted") -
     except KeyboardInterrupt:
         print(interrupted, file=sys.stderr, flush=True)
         return 130
+
+
+def flag_reference(cls: type) -> str:
+    """A Markdown table of the flags of the dataclass `cls`, from the same fields and metadata
+    as `build_parser` (hidden ones left out, as `--help` leaves them out): what docs/ shows."""
+    hints = get_type_hints(cls)
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        if not f.init or f.metadata.get("hidden"):
+            continue
+        flags, kwargs = _argument(f, hints[f.name])
+        cells = [_usage(flags, kwargs), _default(kwargs), f.metadata["help"]]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _usage(flags: list[str], kwargs: dict[str, Any]) -> str:
+    """`--name VALUE` as a user types it: choices spelled out, an optional value in brackets."""
+    name = flags[0]
+    if kwargs.get("action") == "store_true":
+        return f"`{name}`"
+    value = "|".join(map(str, kwargs["choices"])) if "choices" in kwargs else name[2:].upper()
+    if kwargs.get("nargs") == "+":
+        value += f" [{value} ...]"
+    return f"`{name} [{value}]`" if kwargs.get("nargs") == "?" else f"`{name} {value}`"
+
+
+def _default(kwargs: dict[str, Any]) -> str:
+    if kwargs.get("required"):
+        return "required"
+    default = kwargs.get("default")
+    if default is None or default is False:
+        return ""
+    return f"`{default}`"

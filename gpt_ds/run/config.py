@@ -209,8 +209,9 @@ class RunConfig:
     no_checkpoint: bool = option(False, "Never write checkpoints (quick experiments).")
     allow_batch_change: bool = option(
         False,
-        "Let --resume continue with another world size, micro-batch or accumulation than the "
-        "checkpoint's (not an exact continuation; the change is logged).",
+        "Let --resume continue with another global batch than the checkpoint's (not an exact "
+        "continuation; the change is logged). Another world size, micro-batch or accumulation "
+        "with the same global batch needs no flag.",
     )
     allow_unverified: bool = option(False, ALLOW_HELP + " For --resume and --init_from.")
     release_host_memory: str = option(
