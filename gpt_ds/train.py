@@ -26,7 +26,7 @@ if sys.prefix != sys.base_prefix:  # a venv: keep DeepSpeed's JIT-built ops insi
 warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", FutureWarning)
 
 # (E402 is off for this file in pyproject.toml: these imports must follow the sys.path fix)
-from gpt_ds.base import dist
+from gpt_ds.base import dist, logs
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.base.launcher_world import adopt_launcher_world
 from gpt_ds.observe.watchdog import flight_recorder_env
@@ -38,7 +38,9 @@ from gpt_ds.training.trainer import Trainer
 def main(argv: list[str] | None = None) -> int:
     try:
         adopt_launcher_world()  # mpirun/srun ranks: RANK, WORLD_SIZE before planning
-        plan = plan_run(parse_args(argv))
+        cfg = parse_args(argv)
+        logs.configure(cfg.log_level, dist.rank())  # the launcher's rank, before the group
+        plan = plan_run(cfg)
     except GptDsError as exc:
         return refuse(exc)
     if plan.cfg.hang_timeout != 0:  # NCCL's flight recorder dumps next to the hang's stacks
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             return refuse(exc)
         return Trainer(plan).run()
     except GptDsError as exc:
-        print(f"[rank {dist.rank()}] error: {exc}", file=sys.stderr, flush=True)
+        logs.whole_line(f"[rank {dist.rank()}] error: {exc}", sys.stderr)
         return 2
     finally:
         if lock is not None:
@@ -72,7 +74,7 @@ def refuse(exc: GptDsError) -> int:
     """Exit 2 for a problem found identically on every rank, before any process group exists:
     each node's local rank 0 says it; the other ranks wait for it to, then exit too."""
     if dist.local_rank() == 0:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        logs.whole_line(f"error: {exc}", sys.stderr)
     elif dist.world_size() > 1:
         time.sleep(REFUSAL_WAIT_S)
     return 2

@@ -6,13 +6,23 @@
 #
 #   bash launchers/quickstart.sh [extra train.py flags, e.g. --max_iters 600]
 #   NUM_GPUS=1 bash launchers/quickstart.sh     # fewer ranks; more than the GPUs is refused
+#   GPT_DS_OUT=/scratch/run bash launchers/quickstart.sh   # where the run goes (GPT_DS_DATA: data)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$PWD/${VENV:-.venv}/bin/python}
 # shellcheck source=launchers/env.sh
 . launchers/env.sh  # PATH (python, deepspeed), the JIT cache, gpt_ds_rank_plan
-DATA=${DATA:-data/shakespeare}
-OUT=${OUT:-out/shakespeare}
+# GPT_DS_DATA / GPT_DS_OUT choose the folders. DATA and OUT, their older names, still work,
+# said: many shells and schedulers set OUT for something else
+for old in DATA OUT; do
+    new=GPT_DS_$old
+    if [ -z "${!new:-}" ] && [ -n "${!old:-}" ]; then
+        echo "note: using $old=${!old} as $new (the older name; set $new instead)" >&2
+        printf -v "$new" '%s' "${!old}"
+    fi
+done
+DATA=${GPT_DS_DATA:-data/shakespeare}
+OUT=${GPT_DS_OUT:-out/shakespeare}
 
 gpt_ds_rank_plan "${NUM_GPUS:-}" || exit 2
 for name in "${GPT_DS_UNSET[@]}"; do unset "$name"; done

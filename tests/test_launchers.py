@@ -140,6 +140,45 @@ def test_single_node_runs_three_cpu_ranks_when_asked(shakespeare_dir, tmp_path):
     assert sorted(set(re.findall(r"rank (\d)/3 on host", said))) == ["0", "1", "2"], said[-4000:]
 
 
+def quickstart(env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
+    """launchers/quickstart.sh, as the README runs it, with `env` and extra train.py flags."""
+    port = free_port()
+    full = {**launch_env(), "MASTER_PORT": str(port), **env}
+    full.pop("OMP_NUM_THREADS")  # gpt_ds_threads sets it from the rank count
+    try:
+        return subprocess.run(
+            ["bash", str(LAUNCHERS / "quickstart.sh"), *flags],
+            cwd=REPO,
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        remove_shm_buffers("127.0.0.1", port)
+
+
+def test_the_quickstart_trains_exports_and_samples_where_gpt_ds_out_says(
+    shakespeare_dir, tmp_path
+):
+    """The README's first command, two iterations long: GPT_DS_DATA / GPT_DS_OUT choose the
+    folders, and an OUT the shell already has (a scheduler's, say) is left alone; OUT alone,
+    the older name, still works and is said."""
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    short = ("--max_iters", "2", "--eval_interval", "0", "--eval_iters", "1", "--warmup_iters", "1")
+    env = {"GPT_DS_DATA": str(shakespeare_dir), "GPT_DS_OUT": str(out), "OUT": str(elsewhere)}
+    proc = quickstart(env, *short)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    assert (out / "final" / "gpt_ds.json").is_file() and (out / "hf" / "config.json").is_file()
+    assert not elsewhere.exists() and "note: using OUT" not in proc.stderr
+    assert "ROMEO:" in proc.stdout  # the sample
+
+    old = quickstart({"GPT_DS_DATA": str(shakespeare_dir), "OUT": str(elsewhere)}, "--lr", "-1")
+    assert old.returncode == 2, (old.stdout + old.stderr)[-4000:]  # refused before any rank
+    assert f"note: using OUT={elsewhere} as GPT_DS_OUT (the older name" in old.stderr
+    assert "--lr must be" in old.stderr
+
+
 def shell_scripts() -> list[Path]:
     """Every launcher script: launchers/*.sh, the Slurm batch file, the Docker wrapper."""
     return [

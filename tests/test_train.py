@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -54,6 +55,30 @@ def test_each_zero_stage_trains_and_loss_falls(stage, stage_run):
     manifest = json.loads((out / "final" / "gpt_ds.json").read_text())
     assert manifest["zero_stage"] == stage and manifest["world_size"] == 2
     assert {p.name for p in out.iterdir() if p.is_dir()} == {"iter_10", "iter_20", "final"}
+    assert_whole_rank_lines(stdout, world=2)
+
+
+BANNER = re.compile(r"rank (\d+)/(\d+) on host ")
+
+
+def assert_whole_rank_lines(stdout: str, world: int) -> None:
+    """Each rank's start-up banner is a line of its own, and no line holds a second rank's
+    banner: the ranks' writes did not run into one another."""
+    banners = [line for line in stdout.splitlines() if BANNER.search(line)]
+    assert sorted(int(BANNER.search(b).group(1)) for b in banners) == list(range(world)), banners
+    for line in banners:
+        assert BANNER.match(line) and len(BANNER.findall(line)) == 1, line
+
+
+def test_log_level_quiets_rank_0_but_keeps_every_rank_line(shakespeare_dir, tmp_path):
+    """`--log_level warning`: no model line, no training or eval lines; each rank's banner
+    still, whole; the run trains as asked (its metrics.jsonl is the record)."""
+    out = tmp_path / "quiet"
+    args = tiny_run_args(shakespeare_dir, out, max_iters=2, eval_interval=0, eval_iters=1)
+    stdout = run_deepspeed([*args, "--log_level", "warning"]).stdout
+    assert_whole_rank_lines(stdout, world=2)
+    assert "model gpt2-tiny:" not in stdout and " | loss " not in stdout, stdout[-3000:]
+    assert sorted(train_losses(out)) == [1, 2]
 
 
 def test_distributed_eval_equals_one_process_reference(shakespeare_dir, tmp_path):

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
+from gpt_ds.base import logs
+
 
 def init() -> None:
     """Join the process group the launcher set up (or a one-process group for `python train.py`)."""
@@ -23,6 +25,7 @@ def init() -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    logs.quiet_libraries()  # DeepSpeed set its logger's level when imported
     deepspeed.init_distributed(dist_init_required=True)
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
@@ -57,10 +60,11 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def print0(*args, **kwargs) -> None:
-    """Print on global rank 0 only, flushed so logs interleave sanely under the launcher."""
+def print0(message: str) -> None:
+    """Say `message` on global rank 0 only, as one whole line (the gpt_ds logger at INFO:
+    `--log_level warning` quiets it)."""
     if is_main():
-        print(*args, **kwargs, flush=True)
+        logs.LOGGER.info(message)
 
 
 def device() -> torch.device:
@@ -175,7 +179,7 @@ def shutdown() -> None:
         if tdist.is_initialized():
             tdist.destroy_process_group()
     except Exception as exc:  # teardown must not mask the run's own outcome
-        print(f"[rank {rank()}] warning: destroy_process_group failed: {exc}", file=sys.stderr)
+        logs.whole_line(f"[rank {rank()}] warning: destroy_process_group failed: {exc}", sys.stderr)
     for path in shm_buffer_paths():
         path.unlink(missing_ok=True)
 

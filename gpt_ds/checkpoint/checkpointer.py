@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt_ds.base import dist
+from gpt_ds.base import dist, logs
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.base.tool_names import tool
 from gpt_ds.checkpoint.batch import migrated_windows_state
@@ -340,7 +340,7 @@ class Checkpointer:
             shutil.rmtree(self.out_dir / tag)
         except OSError as exc:
             where = f"{self.out_dir / tag} (--keep_last {self.keep_last})"
-            print(f"warning: could not remove {where}: {exc}", file=sys.stderr, flush=True)
+            logs.whole_line(f"warning: could not remove {where}: {exc}", sys.stderr)
             return
         dist.print0(f"checkpoint: removed {tag} (--keep_last {self.keep_last})")
 

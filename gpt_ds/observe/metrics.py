@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from gpt_ds.base import logs
 from gpt_ds.observe.rss import peak_rss_gib
 
 METRICS_FILE = "metrics.jsonl"
@@ -138,7 +138,7 @@ class MetricsLogger:
                 (time.perf_counter() - self.started) / done * (f.max_iters - iteration), 1
             )
         if self.enabled:
-            print(self._train_line(rec), flush=True)
+            logs.LOGGER.info(self._train_line(rec))
             self.write("train", rec)
             self._monitor(iteration, _TRAIN_TAGS, rec)
         return rec
@@ -198,10 +198,9 @@ class MetricsLogger:
             rec["train_loss"] = train_loss
         if self.enabled:
             each = "".join(f" | {name} {loss:.4f}" for name, loss in by_source.items())
-            print(
+            logs.LOGGER.info(
                 f"{time.strftime('%Y-%m-%d %H:%M:%S')} eval {iteration:>{self._width}}/"
-                f"{self.facts.max_iters} | val loss {val_loss:.4f} | val ppl {ppl:.2f}{each}",
-                flush=True,
+                f"{self.facts.max_iters} | val loss {val_loss:.4f} | val ppl {ppl:.2f}{each}"
             )
             self.write("eval", rec)
             tags = {**_EVAL_TAGS, **{key: key.replace("val_loss/", "val/loss/") for key in sources}}
@@ -211,7 +210,7 @@ class MetricsLogger:
         """Any other record (start, checkpoint, stop) for the jsonl timeline."""
         self.write("event", record)
         if self.enabled and record.get("message"):
-            print(record["message"], file=sys.stdout, flush=True)
+            logs.LOGGER.info(record["message"])
 
     def _monitor(self, step: int, tags: dict[str, str], rec: dict) -> None:
         if self.monitor is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpt_ds.base import dist
+from gpt_ds.base import dist, logs
 from gpt_ds.observe.host_syncs import marking_syncs
 from gpt_ds.observe.step_ops import count_step_ops, step_ops_table
 
@@ -82,4 +82,4 @@ class StepProfiler:
         )
         if dist.is_main():
             ops = count_step_ops(trace, self.last_step - self.start + 1)
-            print(f"per optimizer step (rank 0):\n{step_ops_table(ops)}", flush=True)
+            logs.LOGGER.info(f"per optimizer step (rank 0):\n{step_ops_table(ops)}")

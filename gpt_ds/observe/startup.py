@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 
-from gpt_ds.base import dist
+from gpt_ds.base import dist, logs
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 from gpt_ds.memory import (
     MemoryEstimate,
@@ -21,10 +21,9 @@ from gpt_ds.observe.metrics import peak_memory_gib
 def rank_banner() -> None:
     """One line per rank: where it runs (every rank prints: a missing line is a missing rank)."""
     node = os.environ.get("CROSS_RANK", os.environ.get("GROUP_RANK", "0"))
-    print(
+    logs.whole_line(  # past the log level: every rank's, whole
         f"rank {dist.rank()}/{dist.world_size()} on host {socket.gethostname()} node {node} "
-        f"local_rank {dist.local_rank()} device {dist.device()}",
-        flush=True,
+        f"local_rank {dist.local_rank()} device {dist.device()}"
     )
 
 

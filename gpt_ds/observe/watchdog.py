@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from gpt_ds.base import logs
+
 HEARTBEAT_S = 1.0
 BEAT_MIN_GAP_S = 0.05  # the main thread's writes, at most this often
 AUTO_FLOOR_S = 300.0
@@ -136,7 +138,7 @@ class Watchdog:
         line = hang_line(beats, self.world_size, self.iteration, time.time(), limit)
         line += f" (stacks: {self.hang_dir}/rank<N>.txt)"
         if _claim(self.hang_dir / "report.txt", line):
-            print(f"error: {line}", flush=True)
+            logs.whole_line(f"error: {line}")
         os._exit(HANG_EXIT_CODE)
 
 

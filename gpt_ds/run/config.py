@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpt_ds.base import cli, dist
+from gpt_ds.base import cli, dist, logs
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.base.flag_file import load_flag_file
 from gpt_ds.base.tool_names import tool
@@ -90,6 +90,13 @@ class RunConfig:
         choices=("auto", "on", "off"),
         const="on",
         bool_values=("off", "on"),  # what manifests saved before auto existed (false / true)
+    )
+    log_level: str = option(
+        "info",
+        "What rank 0 logs: debug, info, warning or error; the other ranks log only warnings "
+        "and errors, and each its one start-up line. debug also lets DeepSpeed's and "
+        "transformers' own INFO lines through.",
+        choices=logs.LEVELS,
     )
     profile: bool = option(
         False,

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gpt_ds.base import logs
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.base.processes import process_identity
 
@@ -124,11 +125,10 @@ class RunLock:
         try:
             self.path.unlink(missing_ok=True)
         except OSError as exc:  # never mask the run's own outcome: the next run finds it stale
-            print(
+            logs.whole_line(
                 f"warning: could not remove the lock {self.path} ({exc.strerror or exc}); "
                 "the next run will find it stale and replace it",
-                file=sys.stderr,
-                flush=True,
+                sys.stderr,
             )
 
 
