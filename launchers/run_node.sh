@@ -70,7 +70,7 @@ gpt_ds_preflight --local --node_rank "$NODE_RANK" --slots "$slots" --master_addr
 deepspeed --hostfile "$hostfile" --no_ssh --node_rank "$NODE_RANK" \
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" gpt_ds/train.py "$@" &
 runner=$!
-# shellcheck disable=SC2317  # called by the trap
+# shellcheck disable=SC2317,SC2329  # called by the trap (SC2329: shellcheck 0.11 names it so)
 stop() {
     # the ranks are the children of DeepSpeed's launch.py, itself the child of the runner
     local launch ranks=""

@@ -7,6 +7,7 @@ tests."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,15 @@ def test_layout_table_lists_every_subpackage():
     table = page[page.index("## Layout") : page.index("## Words in the code")]
     missing = [layer for layer in LAYERS if f"`gpt_ds/{layer}/`" not in table]
     assert missing == [], f"docs/development.md's layout table lacks {missing}"
+
+
+def test_contributing_lists_the_layers_in_this_order():
+    """CONTRIBUTING.md's "Layers" list, bottom first, is LAYERS."""
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    section = text[text.index("## Layers") :]
+    section = section[: section.index("\n## ", 1)]
+    listed = re.findall(r"^\d+\. `(\w+)`", section, re.M)
+    assert listed == LAYERS, f"CONTRIBUTING.md lists {listed}; tests/test_layout.py: {LAYERS}"
 
 
 def test_benchmarks_import_their_support_not_the_tests_nor_each_other():

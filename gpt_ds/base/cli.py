@@ -21,11 +21,14 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
 from gpt_ds.base.errors import GptDsError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 _SCALARS = (bool, int, float, Path, str)
 
 

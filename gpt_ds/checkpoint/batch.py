@@ -122,6 +122,7 @@ def batch_change_lines(manifest: Manifest, now: Batch) -> list[str]:
     if not found:
         return []
     lines = [f"resuming {manifest.tag} changes the batch: {', '.join(found)}"]
+    assert now.sequences is not None, "this run's own batch is always known"
     if saved.sequences is not None:
         old_tokens, new_tokens = saved.sequences * saved.block_size, now.sequences * now.block_size
         lines.append(

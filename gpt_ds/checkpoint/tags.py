@@ -65,7 +65,7 @@ def partial_dirs(out_dir: Path) -> list[Path]:
     )
 
 
-def latest_tag(out_dir: Path) -> str | None:
+def latest_tag(out_dir: str | Path) -> str | None:
     """The tag the `latest` file names (None when there is no such file)."""
     try:
         return (Path(out_dir) / LATEST).read_text().strip() or None

@@ -125,4 +125,6 @@ def convert_on_rank0(ref: CheckpointRef) -> CheckpointRef:
     if ref.manifest.universal:
         return ref
     tag = universal_tag(ref.tag)
-    return CheckpointRef(out_dir=ref.out_dir, tag=tag, manifest=Manifest.read(ref.out_dir / tag))
+    manifest = Manifest.read(ref.out_dir / tag)
+    assert manifest is not None, f"{tag}: rank 0 published it, manifest included"
+    return CheckpointRef(out_dir=ref.out_dir, tag=tag, manifest=manifest)

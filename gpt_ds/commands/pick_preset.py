@@ -84,6 +84,7 @@ def launch_command(
         if hw.nodes == 1
         else "deepspeed --hostfile hostfile"
     )
+    assert c.preset is not None, "only a candidate with a preset is recommended"
     parts = [launcher, train_script(), "--deepspeed_config", preset_arg(c.preset)]
     run_args = run_args or RunArgs()
     parts += run_args.model_flags() or model_flags(shape, model_name)

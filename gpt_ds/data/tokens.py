@@ -156,6 +156,7 @@ class TrainWindows:
     @property
     def global_batch(self) -> int:
         """Sequences per optimizer step, all ranks (global stream)."""
+        assert self.split is not None, "a per-rank stream has no global batch"
         return self.split.world_size * self.split.grad_accum * self.batch_size
 
     def units(self, first: int, count: int, word: int = 0) -> np.ndarray:

@@ -20,12 +20,16 @@ DEFAULT_MAX_ITERS = 200  # when no flag gives the run's length
 
 
 class LengthFlags(Protocol):
-    """The run config's length flags (run/config.py's RunConfig)."""
+    """The run config's length flags (run/config.py's RunConfig: frozen, so read-only)."""
 
-    max_iters: int | None
-    max_tokens: int | None
-    max_epochs: float | None
-    lr_decay_iters: int | None
+    @property
+    def max_iters(self) -> int | None: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def max_epochs(self) -> float | None: ...
+    @property
+    def lr_decay_iters(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ def run_length(cfg: LengthFlags, tokens_per_iter: int, train_tokens: int) -> Run
         if cfg.max_tokens is not None:
             budget, what = cfg.max_tokens, f"--max_tokens {cfg.max_tokens:,}"
         else:
+            assert cfg.max_epochs is not None  # has_budget: one of the two is given
             budget = math.ceil(cfg.max_epochs * train_tokens)
             what = f"--max_epochs {cfg.max_epochs:g} of {train_tokens:,} train tokens"
         iters = math.ceil(budget / tokens_per_iter)

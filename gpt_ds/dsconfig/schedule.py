@@ -14,7 +14,7 @@ place of the Trainer's arguments:
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
 from gpt_ds.dsconfig.settings import RunSettings
@@ -23,12 +23,12 @@ DEFAULT_LR = 6e-4
 DEFAULT_MIN_LR_FRACTION = 0.1  # min_lr = lr / 10, as in GPT-3 / nanoGPT
 DEFAULT_MAX_WARMUP = 100  # warmup = min(100, max_iters // 10)
 # gpt_ds's AdamW recipe (GPT-2/GPT-3), the values its presets set: fills "auto" at these keys.
-ADAMW_DEFAULTS = {"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+ADAMW_DEFAULTS: dict[str, Any] = {"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 _WARMUP_SCHEDULES = ("WarmupLR", "WarmupDecayLR")
 # The keys of each DeepSpeed schedule that gpt_ds fills from the run: "auto" or left out (a
 # left-out key would get DeepSpeed's own default, e.g. WarmupLR's warmup_max_lr 0.001 and
 # 1000 warmup steps, while the run's log states the run's values).
-_RUN_FILLED_KEYS = {
+_RUN_FILLED_KEYS: dict[str | None, tuple[str, ...]] = {
     "WarmupLR": ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps"),
     "WarmupDecayLR": ("total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps"),
     "WarmupCosineLR": ("total_num_steps", "warmup_num_steps", "cos_min_ratio"),
@@ -38,7 +38,7 @@ _RUN_FILLED_KEYS = {
 class Filling(Protocol):
     """The resolution in progress (ds_config._Resolver): what these functions read and add to."""
 
-    cfg: dict
+    ds_config: dict
     run: RunSettings
     source: str
     problems: list[str]
@@ -47,8 +47,8 @@ class Filling(Protocol):
     def pick(self, key: str, cfg_value: Any, run_field: str, default: Any = None) -> tuple: ...
 
 
-def is_set(value: Any) -> bool:
-    """A concrete config value: present and not "auto"."""
+def is_set(value: Any) -> TypeGuard[Any]:
+    """A concrete config value: present and not "auto" (any JSON value: not None for mypy)."""
     return value is not None and value != "auto"
 
 

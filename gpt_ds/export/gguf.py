@@ -21,6 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,7 +51,7 @@ class PlannedTensor:
     """One tensor of the file: its checkpoint name and lazy tensor, its GGUF name and type."""
 
     source: str
-    lazy: object
+    lazy: Any  # the checkpoint's lazy tensor (`.shape`; read on demand)
     name: str
     qtype: object  # gguf.GGMLQuantizationType
     transpose: bool

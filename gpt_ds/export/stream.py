@@ -174,7 +174,8 @@ class Weights:
 
     def unique(self) -> tuple[dict[str, Any], dict[str, str]]:
         """The tensors without tied duplicates, and {duplicate: the name it aliases}."""
-        unique, aliases, first = {}, {}, {}
+        unique, aliases = {}, {}
+        first: dict[int, str] = {}  # id of a lazy tensor -> the first name it has
         for name, lazy in self.tensors.items():
             if id(lazy) in first:
                 aliases[name] = first[id(lazy)]
@@ -240,7 +241,9 @@ def write_safetensors(
         f.write(struct.pack("<Q", len(raw)) + raw)
         for name in order:
             tensor = weights.read(tensors[name])
-            f.write(tensor.reshape(-1).view(torch.uint8).numpy())  # the tensor's bytes, no copy
+            # the tensor's bytes, no copy (numpy's stubs give ndarray the buffer protocol only
+            # from Python 3.12 on)
+            f.write(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
             del tensor
             if bar is not None:
                 bar.update()

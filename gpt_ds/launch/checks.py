@@ -119,6 +119,7 @@ def version_check(name: str, remote: dict, local: dict, host: str, python: str) 
         if name == "python":
             fix += f" (the ranks run {python} on every node)"
         else:
+            assert here is not None  # torch, deepspeed: dependencies of the gpt_ds running here
             fix += f": {python} -m pip install {name}=={here.split('+')[0]}"
             if name == "torch" and "+" in here:
                 fix += f" (the {here.split('+')[1]} build)"
@@ -164,6 +165,7 @@ def gpu_check(devices: Check, facts: GpuFacts | None) -> Check:
     problems = gpu_problems(facts) if facts is not None and devices.ok is not False else []
     if not problems:
         return devices
+    assert facts is not None  # the problems are the facts'
     text = "GPU unusable" if facts.cuda_available else "GPU unseen"
     return Check(False, text, "; and ".join(problems))
 

@@ -18,6 +18,7 @@ import inspect
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpt_ds.base.errors import ConfigError
@@ -281,7 +282,7 @@ def gather_facts(device_index=None):
     import platform
     import subprocess
 
-    out = {"ds_accelerator_env": os.environ.get("DS_ACCELERATOR")}
+    out = {"ds_accelerator_env": os.environ.get("DS_ACCELERATOR")}  # type: dict
     out["nvidia_gpus"] = sorted(glob.glob("/proc/driver/nvidia/gpus/*"))
     out["dev_nvidia0"] = os.path.exists("/dev/nvidia0")
     try:
@@ -349,7 +350,7 @@ def parse_probe_facts(stdout: str) -> GpuFacts | None:
     return None
 
 
-def check_gpu_support(device_index: int, env: dict[str, str] | None = None) -> None:
+def check_gpu_support(device_index: int, env: Mapping[str, str] | None = None) -> None:
     """Raise a ConfigError, before any model is built, when this rank's GPU cannot be used or
     DeepSpeed would silently train on CPU; GPT_DS_SKIP_GPU_CHECK=1 starts anyway."""
     env = os.environ if env is None else env

@@ -49,7 +49,9 @@ def _check_entry(match: re.Match, line: str, lineno: int) -> list[str]:
     """Problems DeepSpeed lets through on a line that matches its pattern."""
     host, slots = match.group(1), int(match.group(2))
     problems = []
-    token = _SLOTS_TOKEN.match(line).group(1)
+    token_match = _SLOTS_TOKEN.match(line)
+    assert token_match is not None  # `match` (DeepSpeed's pattern) matched: so does this one
+    token = token_match.group(1)
     if not token.isdigit():
         problems.append(
             f"line {lineno}: {line!r}: slots value {token!r} is not a whole number "

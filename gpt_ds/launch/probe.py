@@ -43,10 +43,10 @@ def remote_probe(req):
         "executable": sys.executable,
         "prefix": sys.prefix,
         "hostname": socket.gethostname(),
-    }
+    }  # type: dict
     proj = req["project_dir"]
     out["project_exists"] = os.path.isdir(proj)
-    digests = {}
+    digests = {}  # type: dict
     for rel in req["code_files"]:
         try:
             with open(os.path.join(proj, rel), "rb") as f:
@@ -205,9 +205,11 @@ class MasterListener:
         return self
 
     def _serve(self) -> None:
+        sock = self._sock
+        assert sock is not None  # __enter__ bound it before starting this thread
         while not self._stop.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = sock.accept()
                 conn.close()
             except TimeoutError:
                 continue

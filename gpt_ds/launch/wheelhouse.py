@@ -18,11 +18,12 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import cast
 
 try:
     from packaging.requirements import Requirement
 except ImportError:  # a bare interpreter: pip's own copy
-    from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
 
 ALWAYS_SKIPPED = ("torch",)  # the target's own build
 
@@ -107,8 +108,8 @@ def target_env(python: str | None) -> dict[str, str]:
     try:
         from packaging.markers import default_environment
     except ImportError:
-        from pip._vendor.packaging.markers import default_environment
-    env = dict(default_environment())
+        from pip._vendor.packaging.markers import default_environment  # type: ignore[assignment]
+    env = cast("dict[str, str]", dict(default_environment()))  # a TypedDict, every value a str
     if python:
         env.update(python_version=python, python_full_version=f"{python}.0")
     return env

@@ -63,6 +63,7 @@ def _recommendation(p: PresetChoice) -> list[str]:
     rec, hw = p.recommendation, p.hardware
     if rec is None:
         return []
+    assert rec.total_at_micro_batch is not None, "a recommendation fits at its micro-batch"
     ckpt = " with activation checkpointing" if rec.activation_checkpointing else ""
     return [
         f"recommendation: {rec.name}{ckpt}: ds_configs/{rec.preset}, micro-batch "

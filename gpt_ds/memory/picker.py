@@ -145,12 +145,13 @@ class PresetChoice:
 def _batch_split(max_micro: int, target: int, world: int) -> tuple[int, int, int]:
     """(micro-batch, accumulation, global batch): the smallest global batch >= `target`
     (exactly `target` where the GPUs divide it), then the largest micro-batch."""
-    best = None
+    best: tuple[tuple[int, int], int, int] | None = None
     for micro in range(1, max(1, min(max_micro, math.ceil(target / world))) + 1):
         accum = math.ceil(target / (micro * world))
         key = (micro * accum * world, -micro)
         if best is None or key < best[0]:
             best = (key, micro, accum)
+    assert best is not None  # the range holds micro-batch 1 at least
     (total, _), micro, accum = best
     return micro, accum, total
 

@@ -244,7 +244,7 @@ def flops_per_token(shape: ModelShape) -> float:
     return 6 * n + 12 * shape.n_layer * shape.n_embd * shape.block_size
 
 
-def lm_loss(model, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+def lm_loss(model, x: torch.Tensor, y: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy of `model` (a GPT2LMHeadModel or a DeepSpeed engine around one).
 
     x, y: (B, T) token ids, y = x shifted by one. A GPT2TrainingModel computes it chunk by
@@ -290,7 +290,8 @@ def pretrained_shape(init_from: str, block_size: int | None = None) -> ModelShap
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only; biases and LayerNorm gains are not decayed."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:  # a ZeRO-3 partitioned parameter is flat: its full shape is ds_shape
             (decay if len(getattr(p, "ds_shape", p.shape)) >= 2 else no_decay).append(p)

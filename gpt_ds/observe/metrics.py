@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -110,7 +111,7 @@ class MetricsLogger:
         f = self.facts
         dt = max(seconds, 1e-9)
         tps = f.tokens_per_iter * steps / dt
-        rec = {
+        rec: dict[str, Any] = {
             "iter": iteration,
             "tokens": tokens,
             "loss": loss,
@@ -240,7 +241,8 @@ def rewind(out_dir: str | Path, iteration: int) -> int:
     if not path.is_file():
         return 0
     lines = path.read_text().splitlines(keepends=True)
-    keep, drop = [], []
+    keep: list[str] = []
+    drop: list[str] = []
     for line in lines:
         try:
             past = json.loads(line).get("iter", -1) > iteration

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,7 @@ def _by_source(evals: list[dict]) -> dict[str, list[float]]:
     }
 
 
-def load_runs(out_dirs: list[str | Path], labels: list[str] | None = None) -> list[RunSeries]:
+def load_runs(out_dirs: Sequence[str | Path], labels: list[str] | None = None) -> list[RunSeries]:
     """Several runs' series; `labels` (one per out dir) name them in the legend."""
     if labels is not None and len(labels) != len(out_dirs):
         raise GptDsError(

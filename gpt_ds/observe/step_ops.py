@@ -99,7 +99,9 @@ def _phase_of(ts: float, phases: list[tuple[float, float, str]]) -> str:
 def count_step_ops(trace_path: Path, steps: int | None = None) -> StepOps:
     """Count a trace written by `--profile` (its file name gives the steps it covers)."""
     if steps is None:
-        first, last = map(int, STEPS_IN_NAME.search(str(trace_path)).groups())
+        named = STEPS_IN_NAME.search(str(trace_path))
+        assert named, f"{trace_path}: not a --profile trace name (*.steps<first>-<last>.json)"
+        first, last = map(int, named.groups())
         steps = last - first + 1
     events = _complete_events(json.loads(Path(trace_path).read_text()))
     phases = [

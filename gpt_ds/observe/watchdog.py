@@ -27,6 +27,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -111,7 +112,7 @@ class Watchdog:
         return self.beat_dir / f"rank{rank}.json"
 
     def _beat(self) -> None:
-        beat = {
+        beat: dict[str, Any] = {
             "rank": self.rank,
             "pid": os.getpid(),
             "alive": time.time(),

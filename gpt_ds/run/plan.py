@@ -225,7 +225,9 @@ def verify_resume(plan: RunPlan) -> RunPlan:
             dist.print0(f"checkpoint: {ref.tag} verified ({size:.1f} MiB in {seconds:.1f} s)")
             return plan
         damaged[ref.tag] = "; ".join(problems)
-        plan = resume_instead(plan, resume_checkpoint(plan.cfg, damaged))  # a named tag raises
+        older = resume_checkpoint(plan.cfg, damaged)  # a named tag raises
+        assert older is not None  # --resume is given: plan.resume was set from it
+        plan = resume_instead(plan, older)
     return plan
 
 

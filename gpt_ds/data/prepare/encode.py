@@ -12,7 +12,8 @@ import collections
 import multiprocessing
 import os
 import signal
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import NamedTuple
 
@@ -88,7 +89,7 @@ def _init_worker() -> None:
     get_encoding()
 
 
-def encode_in_order(tasks: Iterable[Task], workers: int) -> Iterator[Encoded]:
+def encode_in_order(tasks: Iterable[Task], workers: int) -> Generator[Encoded, None, None]:
     """Encode ``tasks`` with ``workers`` processes (in this process when 1), yielding results in
     task order, with at most 2 tasks per worker queued so memory stays bounded whatever the
     input size. Closing the generator stops the pool."""
@@ -97,7 +98,8 @@ def encode_in_order(tasks: Iterable[Task], workers: int) -> Iterator[Encoded]:
             yield _encoded(task, encode_pieces(task.pieces))
         return
     with multiprocessing.get_context().Pool(workers, initializer=_init_worker) as pool:
-        queued = collections.deque()  # (task, its pending result), oldest first
+        # (task, its pending result), oldest first
+        queued: collections.deque[tuple[Task, AsyncResult[np.ndarray]]] = collections.deque()
         for task in tasks:
             queued.append((task, pool.apply_async(encode_pieces, (task.pieces,))))
             if len(queued) >= 2 * workers:

@@ -230,7 +230,7 @@ def _meta(
     n_val: int,
     val_fraction: float,
     summaries: list[SourceSummary],
-    fingerprint: str,
+    fingerprint: dict[str, str],
     text_key: str,
 ) -> dict:
     """What meta.json says: the format, the tokenizer, the counts, every source as read."""
