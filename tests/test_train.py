@@ -74,7 +74,9 @@ def test_log_level_quiets_rank_0_but_keeps_every_rank_line(shakespeare_dir, tmp_
     """`--log_level warning`: no model line, no training or eval lines; each rank's banner
     still, whole; the run trains as asked (its metrics.jsonl is the record)."""
     out = tmp_path / "quiet"
-    args = tiny_run_args(shakespeare_dir, out, max_iters=2, eval_interval=0, eval_iters=1)
+    args = tiny_run_args(
+        shakespeare_dir, out, max_iters=2, warmup_iters=1, eval_interval=0, eval_iters=1
+    )
     stdout = run_deepspeed([*args, "--log_level", "warning"]).stdout
     assert_whole_rank_lines(stdout, world=2)
     assert "model gpt2-tiny:" not in stdout and " | loss " not in stdout, stdout[-3000:]
