@@ -5,26 +5,22 @@
 # final checkpoint to a Hugging Face directory and print a sample from it.
 #
 #   bash launchers/quickstart.sh [extra train.py flags, e.g. --max_iters 600]
-#   NUM_GPUS=1 bash launchers/quickstart.sh     # fewer ranks; more than the GPUs is refused
+#   GPT_DS_NUM_GPUS=1 bash launchers/quickstart.sh   # fewer ranks; more than the GPUs is refused
 #   GPT_DS_OUT=/scratch/run bash launchers/quickstart.sh   # where the run goes (GPT_DS_DATA: data)
+#
+# GPT_DS_VENV / GPT_DS_PYTHON: the environment (default .venv). The older names without GPT_DS_
+# (NUM_GPUS, OUT, DATA, ...) still work, said: many shells and schedulers set OUT for another use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-$PWD/${VENV:-.venv}/bin/python}
+# shellcheck source=launchers/settings.sh
+. launchers/settings.sh
+GPT_DS_PYTHON=$(gpt_ds_setting PYTHON "$PWD/$(gpt_ds_setting VENV .venv)/bin/python")
 # shellcheck source=launchers/env.sh
 . launchers/env.sh  # PATH (python, deepspeed), the JIT cache, gpt_ds_rank_plan
-# GPT_DS_DATA / GPT_DS_OUT choose the folders. DATA and OUT, their older names, still work,
-# said: many shells and schedulers set OUT for something else
-for old in DATA OUT; do
-    new=GPT_DS_$old
-    if [ -z "${!new:-}" ] && [ -n "${!old:-}" ]; then
-        echo "note: using $old=${!old} as $new (the older name; set $new instead)" >&2
-        printf -v "$new" '%s' "${!old}"
-    fi
-done
-DATA=${GPT_DS_DATA:-data/shakespeare}
-OUT=${GPT_DS_OUT:-out/shakespeare}
+DATA=$(gpt_ds_setting DATA data/shakespeare)
+OUT=$(gpt_ds_setting OUT out/shakespeare)
 
-gpt_ds_rank_plan "${NUM_GPUS:-}" || exit 2
+gpt_ds_rank_plan "$(gpt_ds_setting NUM_GPUS "")" || exit 2
 for name in "${GPT_DS_UNSET[@]}"; do unset "$name"; done
 [ -f "$DATA/meta.json" ] || python tools/prepare_data.py --out_dir "$DATA"
 deepspeed "${GPT_DS_RUNNER_FLAGS[@]}" gpt_ds/train.py --deepspeed_config ds_configs/zero2.json \

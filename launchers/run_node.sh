@@ -8,12 +8,12 @@
 #
 # NODE_RANK: 0..NNODES-1, 0 on the node that owns MASTER_ADDR (global ranks 0..G-1 live there).
 # MASTER_ADDR: node 0's address on the training network. NNODES: number of nodes (default: the
-# hosts in HOSTFILE). Everything after `--` goes to gpt_ds/train.py.
-# Ranks per node: GPUS_PER_NODE (default: the GPUs this node sees; 1 on a CPU-only node), the
-# same on every node. Nodes with different GPU counts: set HOSTFILE to a hostfile listing them
-# in node-rank order (the same file on every node; names are labels, nothing connects to them).
-# Knobs: MASTER_PORT (29500), SKIP_PREFLIGHT=1 (each node checks itself: devices, master
-# reachability, disk), MIN_FREE_GB, and those of launchers/env.sh.
+# hosts in GPT_DS_HOSTFILE). Everything after `--` goes to gpt_ds/train.py.
+# Ranks per node: GPT_DS_GPUS_PER_NODE (default: the GPUs this node sees; 1 on a CPU-only node),
+# the same on every node. Nodes with different GPU counts: set GPT_DS_HOSTFILE to a hostfile
+# listing them in node-rank order (the same file on every node; names are labels only).
+# Knobs: MASTER_PORT (29500), GPT_DS_SKIP_PREFLIGHT=1 (each node checks itself: devices, master
+# reachability, disk), GPT_DS_MIN_FREE_GB, and those of launchers/env.sh (older names: said).
 #
 # SIGTERM/SIGINT (Slurm's warning signal, `docker stop`, Ctrl-C) are passed to the ranks, which
 # save a checkpoint and stop (gpt_ds/train.py); DeepSpeed's launcher then exits.
@@ -36,8 +36,8 @@ fi
 cd "$GPT_DS_ROOT"
 MASTER_PORT=${MASTER_PORT:-29500}
 
-if [ -n "${HOSTFILE:-}" ]; then
-    hostfile=$HOSTFILE
+hostfile=$(gpt_ds_setting HOSTFILE "")
+if [ -n "$hostfile" ]; then
     hosts=$(awk '!/^[[:space:]]*(#|$)/' "$hostfile" | wc -l)
     NNODES=${NNODES:-$hosts}
     if [ "$NNODES" != "$hosts" ]; then
@@ -47,7 +47,7 @@ if [ -n "${HOSTFILE:-}" ]; then
     slots=$(awk '!/^[[:space:]]*(#|$)/ { if (++n == r) { sub(/.*slots=/, ""); print $1 + 0 } }' r=$((NODE_RANK + 1)) "$hostfile")
 else
     if [ -z "$NNODES" ]; then
-        echo "error: give NNODES (or set HOSTFILE)" >&2
+        echo "error: give NNODES (or set GPT_DS_HOSTFILE)" >&2
         usage
     fi
     slots=$(gpt_ds_local_devices)
@@ -65,7 +65,7 @@ echo "node $NODE_RANK of $NNODES: $slots ranks, master $MASTER_ADDR:$MASTER_PORT
 
 gpt_ds_preflight --local --node_rank "$NODE_RANK" --slots "$slots" --master_addr "$MASTER_ADDR" \
     --master_port "$MASTER_PORT" --checkpoint_dir "$(gpt_ds_out_dir "$@")" \
-    --min_free_gb "${MIN_FREE_GB:-5}"
+    --min_free_gb "$(gpt_ds_setting MIN_FREE_GB 5)"
 
 deepspeed --hostfile "$hostfile" --no_ssh --node_rank "$NODE_RANK" \
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" gpt_ds/train.py "$@" &

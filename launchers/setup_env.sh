@@ -2,23 +2,27 @@
 # Create (or update) the project's virtual environment in .venv and install gpt_ds into it.
 #
 #   bash launchers/setup_env.sh            # CPU machine, or NVIDIA GPUs (PyPI's torch is CUDA)
-#   TORCH_SPEC="torch==2.13.0 --index-url <your ROCm wheel index>" bash launchers/setup_env.sh
+#   GPT_DS_TORCH_SPEC="torch==2.13.0 --index-url <your ROCm wheel index>" bash launchers/setup_env.sh
 #
+# GPT_DS_VENV: where the environment goes (default .venv); GPT_DS_PYTHON: the interpreter that
+# creates it (default python3). The older names without GPT_DS_ still work, said.
 # torch is installed first, pinned, so that pip never resolves an open range to a different
 # build; the package's own range is then already satisfied. Idempotent: re-running is fast.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-VENV=${VENV:-.venv}
+# shellcheck source=launchers/settings.sh
+. launchers/settings.sh
+python=$(gpt_ds_setting PYTHON python3)
+torch_spec=$(gpt_ds_setting TORCH_SPEC torch==2.13.0)
+venv=$(gpt_ds_setting VENV .venv)
 
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    # shellcheck disable=SC2086  # TORCH_SPEC may carry pip options on purpose
-    "$VENV/bin/pip" install --quiet $TORCH_SPEC
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    # shellcheck disable=SC2086  # the spec may carry pip options on purpose
+    "$venv/bin/pip" install --quiet $torch_spec
 fi
-"$VENV/bin/pip" install --quiet -e '.[dev,bench,monitor,plot,data,gguf]'
-"$VENV/bin/python" - <<'PY'
+"$venv/bin/pip" install --quiet -e '.[dev,bench,monitor,plot,data,gguf]'
+"$venv/bin/python" - <<'PY'
 import deepspeed, torch, transformers
 print(f"ready: torch {torch.__version__}, deepspeed {deepspeed.__version__}, "
       f"transformers {transformers.__version__}")

@@ -13,12 +13,15 @@
 # their version meets gpt_ds's requirement (an older one goes in, named on stderr).
 # DeepSpeed is on PyPI as an sdist only: it is built here into a pure wheel with no ops
 # prebuilt (the trainer then picks torch's fused AdamW where no CUDA compiler is at hand).
+# GPT_DS_PYTHON: the interpreter with torch (default .venv's; PYTHON, the older name, is said).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+# shellcheck source=launchers/settings.sh
+. "$ROOT/launchers/settings.sh"
+PYTHON=$(gpt_ds_setting PYTHON "$ROOT/.venv/bin/python")
 [ -x "$PYTHON" ] || PYTHON=$(command -v python3)
 
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then usage; fi
 DIR=$1; shift
 EXTRAS="" TARGET_PY="" HAVE="" PLATFORMS=()
@@ -36,7 +39,7 @@ while [ $# -gt 0 ]; do
 done
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
     echo "error: $PYTHON has no torch; DeepSpeed's wheel is built against it: run" \
-        "launchers/setup_env.sh first, or set PYTHON" >&2
+        "launchers/setup_env.sh first, or set GPT_DS_PYTHON" >&2
     exit 2
 fi
 mkdir -p "$DIR"
