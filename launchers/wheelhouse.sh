@@ -18,8 +18,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=launchers/settings.sh
 . "$ROOT/launchers/settings.sh"
-PYTHON=$(gpt_ds_setting PYTHON "$ROOT/.venv/bin/python")
-[ -x "$PYTHON" ] || PYTHON=$(command -v python3)
+python=$(gpt_ds_setting PYTHON "$ROOT/.venv/bin/python")
+[ -x "$python" ] || python=$(command -v python3)
 
 usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then usage; fi
@@ -37,8 +37,8 @@ while [ $# -gt 0 ]; do
         *) echo "error: unknown option $1" >&2; usage ;;
     esac
 done
-if ! "$PYTHON" -c "import torch" 2>/dev/null; then
-    echo "error: $PYTHON has no torch; DeepSpeed's wheel is built against it: run" \
+if ! "$python" -c "import torch" 2>/dev/null; then
+    echo "error: $python has no torch; DeepSpeed's wheel is built against it: run" \
         "launchers/setup_env.sh first, or set GPT_DS_PYTHON" >&2
     exit 2
 fi
@@ -50,35 +50,35 @@ trap 'rm -rf "$WORK"' EXIT
 # The target's tags, for resolving and downloading binary wheels only.
 TARGET=(--only-binary=:all:)
 if [ -n "$TARGET_PY" ] || [ ${#PLATFORMS[@]} -gt 0 ]; then
-    TARGET+=(--python-version "${TARGET_PY:-$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')}")
+    TARGET+=(--python-version "${TARGET_PY:-$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')}")
     for tag in "${PLATFORMS[@]}"; do TARGET+=(--platform "$tag"); done
 fi
 
 echo "wheelhouse: building gpt_ds and DeepSpeed (pure wheels) into $DIR" >&2
-"$PYTHON" -m pip wheel --quiet --no-deps -w "$DIR" "$ROOT"
-read -r VERSION DS_SPEC < <("$PYTHON" - "$ROOT/pyproject.toml" <<'PY'
+"$python" -m pip wheel --quiet --no-deps -w "$DIR" "$ROOT"
+read -r VERSION DS_SPEC < <("$python" - "$ROOT/pyproject.toml" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 print(re.search(r'^version = "([^"]+)"', text, re.M)[1],
       re.search(r'^\s*"(deepspeed[^"]*)",', text, re.M)[1])
 PY
 )
-"$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation -w "$DIR" "$DS_SPEC"
+"$python" -m pip wheel --quiet --no-deps --no-build-isolation -w "$DIR" "$DS_SPEC"
 
 echo "wheelhouse: resolving gpt_ds${EXTRAS:+[$EXTRAS]} for the target" >&2
 WHEEL=$DIR/gpt_ds-$VERSION-py3-none-any.whl
 RESOLVE=(--dry-run --ignore-installed --quiet --report "$WORK/report.json" --find-links "$DIR")
 [ ${#TARGET[@]} -gt 1 ] && RESOLVE+=(--target "$WORK/target")
-"$PYTHON" -m pip install "${RESOLVE[@]}" "${TARGET[@]}" "$WHEEL${EXTRAS:+[$EXTRAS]}"
+"$python" -m pip install "${RESOLVE[@]}" "${TARGET[@]}" "$WHEEL${EXTRAS:+[$EXTRAS]}"
 PICK=("$WORK/report.json" --extras "$EXTRAS")
 [ -n "$TARGET_PY" ] && PICK+=(--python "$TARGET_PY")
 [ -n "$HAVE" ] && PICK+=(--have "$HAVE")
-"$PYTHON" "$ROOT/gpt_ds/launch/wheelhouse.py" "${PICK[@]}" |
+"$python" "$ROOT/gpt_ds/launch/wheelhouse.py" "${PICK[@]}" |
     { grep -viE '^(gpt[-_]ds|deepspeed)==' || true; } > "$WORK/needed.txt"  # built above
 
 echo "wheelhouse: downloading $(wc -l < "$WORK/needed.txt") wheels" >&2
 if [ -s "$WORK/needed.txt" ]; then
-    "$PYTHON" -m pip download --quiet --no-deps "${TARGET[@]}" -d "$DIR" -r "$WORK/needed.txt"
+    "$python" -m pip download --quiet --no-deps "${TARGET[@]}" -d "$DIR" -r "$WORK/needed.txt"
 fi
 SIZE=$(du -sm "$DIR" | cut -f1)
 echo "wheelhouse: $DIR holds $(find "$DIR" -name '*.whl' | wc -l) wheels, ${SIZE} MiB." \

@@ -49,7 +49,7 @@ def test_fewer_ranks_than_gpus_without_a_variable():
 @pytest.mark.parametrize(
     "visible, count, needle",
     [
-        ({}, 1, "NUM_GPUS=2 but only 1 GPU(s) are visible here: each rank"),
+        ({}, 1, "GPT_DS_NUM_GPUS=2 but only 1 GPU(s) are visible here: each rank"),
         ({"CUDA_VISIBLE_DEVICES": "3"}, 1, "visible here (CUDA_VISIBLE_DEVICES=3)"),
         ({"HIP_VISIBLE_DEVICES": "0"}, 1, "visible here (HIP_VISIBLE_DEVICES=0)"),
     ],
@@ -58,7 +58,7 @@ def test_more_ranks_than_gpus_is_refused_with_the_fix(visible, count, needle):
     with pytest.raises(RankRefusal) as err:
         plan_ranks(2, visible, count)
     assert needle in str(err.value)
-    assert "Set NUM_GPUS=1 or fewer (or leave it unset" in str(err.value)
+    assert "Set GPT_DS_NUM_GPUS=1 or fewer (or leave it unset" in str(err.value)
 
 
 def test_cuda_visible_devices_is_honoured_as_include():
@@ -97,7 +97,7 @@ def test_visible_devices_deepspeed_cannot_pass_on_are_refused(visible, count, ne
 
 @pytest.mark.parametrize("text", ["0", "-1", "two", "1.5"])
 def test_num_gpus_must_be_a_positive_integer(text):
-    with pytest.raises(RankRefusal, match="NUM_GPUS must be a positive number of ranks"):
+    with pytest.raises(RankRefusal, match="GPT_DS_NUM_GPUS must be a positive number of ranks"):
         parse_requested(text)
 
 
@@ -146,7 +146,7 @@ def test_script_plans_this_machine_with_torch_device_count():
 def test_script_refusal_exits_2_with_the_message_only():
     proc = run_script("none")
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == "error: NUM_GPUS must be a positive number of ranks, got 'none'\n"
+    assert proc.stderr == "error: GPT_DS_NUM_GPUS must be a positive number of ranks, got 'none'\n"
 
 
 def test_this_suite_trains_on_cpu_ranks_whatever_the_machine_has():

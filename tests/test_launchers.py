@@ -38,6 +38,80 @@ def env_sh(body: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+# The launchers' knobs by their older names: each is GPT_DS_<NAME> now (DATA and OUT belong to
+# quickstart.sh, whose own shell variables they still are)
+OLDER_NAMES = [
+    "HOSTFILE",
+    "NUM_GPUS",
+    "GPUS_PER_NODE",
+    "LAUNCHER",
+    "LAUNCHER_ARGS",
+    "MIN_FREE_GB",
+    "SKIP_PREFLIGHT",
+    "NET_IF",
+    "USE_IB",
+    "EXPECTED_DEVICES",
+    "SSH_PORT",
+    "SSH_DIR",
+    "DS_ARGS",
+    "DS_ENV_EXTRA",
+    "MPI_ARGS",
+    "SLURM_MODE",
+    "IMAGE",
+    "PLATFORM",
+    "DATA_DIR",
+    "CKPT_DIR",
+    "MOUNT_CODE",
+    "EXT_VOLUME",
+    "IPC_HOST",
+    "SHM_SIZE",
+    "DOCKER_ARGS",
+    "TORCH_SPEC",
+    "VENV",
+    "PYTHON",
+]
+NOTE = "note: using HOSTFILE=old as GPT_DS_HOSTFILE (the older name; set GPT_DS_HOSTFILE instead)"
+
+
+@pytest.mark.parametrize("source", ["env.sh", "settings.sh"])
+@pytest.mark.parametrize(
+    "env, value, said",
+    [
+        ({"GPT_DS_HOSTFILE": "new", "HOSTFILE": "old"}, "new", False),
+        ({"HOSTFILE": "old"}, "old", True),
+        ({"GPT_DS_HOSTFILE": "", "HOSTFILE": "old"}, "old", True),  # empty counts as unset
+        ({}, "hostfile", False),
+        ({"HOSTFILE": ""}, "hostfile", False),
+    ],
+)
+def test_a_knob_is_read_by_its_gpt_ds_name_else_by_the_older_one_said(source, env, value, said):
+    """gpt_ds_setting NAME DEFAULT, as every launcher reads its knobs (settings.sh alone: the
+    scripts that do not source env.sh)."""
+    base = {k: v for k, v in launch_env().items() if k not in ("HOSTFILE", "GPT_DS_HOSTFILE")}
+    proc = subprocess.run(
+        ["bash", "-c", f'. "{LAUNCHERS}/{source}" && gpt_ds_setting HOSTFILE hostfile'],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{value}\n"
+    assert (NOTE in proc.stderr) is said, proc.stderr
+
+
+def test_no_launcher_reads_a_knob_by_its_older_name_alone():
+    """Each knob goes through gpt_ds_setting: no `$HOSTFILE` / `${NET_IF:-}` left anywhere."""
+    bare = re.compile(r"\$\{?(" + "|".join(OLDER_NAMES) + r")\b")
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path in shell_scripts()
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if bare.search(line)
+    ]
+    assert found == []
+
+
 def rdma_tree(tmp_path: Path, devices: list[str], uverbs: bool) -> tuple[Path, Path]:
     """A /sys/class/infiniband and /dev/infiniband stand-in with `devices` (names only)."""
     sysfs, dev = tmp_path / "sys_ib", tmp_path / "dev_ib"
@@ -57,17 +131,17 @@ CHOOSE = 'unset NCCL_IB_DISABLE; gpt_ds_choose_ib "$1" "$2"; echo "=$NCCL_IB_DIS
     "devices, uverbs, use_ib, disable, said",
     [
         (["mlx5_0", "mlx5_1"], True, None, "0", "allowed: RDMA devices mlx5_0 mlx5_1"),
-        (["mlx5_0"], True, "0", "1", "off (USE_IB=0): TCP sockets"),
+        (["mlx5_0"], True, "0", "1", "off (GPT_DS_USE_IB=0): TCP sockets"),
         (["mlx5_0"], False, None, "1", "off: no RDMA device"),  # container without devices
         ([], False, None, "1", "off: no RDMA device"),
-        ([], False, "1", "0", "allowed (USE_IB=1)"),
+        ([], False, "1", "0", "allowed (GPT_DS_USE_IB=1)"),
     ],
 )
 def test_infiniband_follows_the_nodes_rdma_devices(
     tmp_path, devices, uverbs, use_ib, disable, said
 ):
     sysfs, dev = rdma_tree(tmp_path, devices, uverbs)
-    extra = {} if use_ib is None else {"USE_IB": use_ib}
+    extra = {} if use_ib is None else {"GPT_DS_USE_IB": use_ib}
     proc = env_sh(CHOOSE, str(sysfs), str(dev), **extra)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"={disable}"
@@ -84,7 +158,7 @@ def test_a_users_nccl_ib_disable_is_kept_and_said():
 def test_this_machine_has_no_rdma_device_and_says_tcp():
     if list(Path("/sys/class/infiniband").glob("*")):
         pytest.skip("this machine has InfiniBand/RoCE devices")
-    proc = env_sh('echo "=$NCCL_IB_DISABLE"', USE_IB="")
+    proc = env_sh('echo "=$NCCL_IB_DISABLE"', GPT_DS_USE_IB="", USE_IB="")
     assert proc.stdout.strip() == "=1"
     assert "network: InfiniBand/RoCE off: no RDMA device" in proc.stderr
 
@@ -116,11 +190,11 @@ def test_a_routable_master_address_passes(addr):
 
 @pytest.mark.slow
 def test_single_node_runs_three_cpu_ranks_when_asked(shakespeare_dir, tmp_path):
-    """NUM_GPUS=3 on this CPU machine: the plan says 3 CPU ranks (CPU ranks are processes,
+    """GPT_DS_NUM_GPUS=3 on this CPU machine: the plan says 3 CPU ranks (CPU ranks are processes,
     not devices: more than the default 2 is allowed), and all three train."""
     out, port = tmp_path / "run", free_port()
     env = launch_env()
-    env.update(NUM_GPUS="3", MASTER_PORT=str(port), MIN_FREE_GB="0.1")
+    env.update(GPT_DS_NUM_GPUS="3", MASTER_PORT=str(port), GPT_DS_MIN_FREE_GB="0.1")
     env.pop("OMP_NUM_THREADS")  # gpt_ds_threads sets it from the rank count
     args = tiny_run_args(shakespeare_dir, out, max_iters=2, warmup_iters=1, eval_interval=0)
     try:
@@ -229,8 +303,8 @@ def test_slurm_passes_cpus_per_task_to_srun(tmp_path, cpus, expected):
         SLURM_JOB_ID="7",
         SLURM_JOB_NODELIST="node1",
         SLURM_SUBMIT_DIR=str(REPO),
-        HOSTFILE=str(tmp_path / "hostfile"),
-        GPUS_PER_NODE="1",
+        GPT_DS_HOSTFILE=str(tmp_path / "hostfile"),
+        GPT_DS_GPUS_PER_NODE="1",
     )
     if cpus is not None:
         env["SLURM_CPUS_PER_TASK"] = cpus

@@ -59,9 +59,14 @@ def hostfile(tmp_path: Path) -> Path:
 
 
 def write_ds_env(path: Path, env: dict[str, str], port: int) -> str:
-    """launchers/env.sh's gpt_ds_write_ds_env for LAUNCHER=openmpi; returns the file's text."""
+    """launchers/env.sh's gpt_ds_write_ds_env for GPT_DS_LAUNCHER=openmpi; returns its text."""
     script = f'. launchers/env.sh && gpt_ds_write_ds_env "{path}"'
-    run_env = {**env, "LAUNCHER": "openmpi", "MASTER_ADDR": NODES[0], "MASTER_PORT": str(port)}
+    run_env = {
+        **env,
+        "GPT_DS_LAUNCHER": "openmpi",
+        "MASTER_ADDR": NODES[0],
+        "MASTER_PORT": str(port),
+    }
     subprocess.run(["bash", "-c", script], cwd=REPO, env=run_env, check=True, timeout=60)
     return path.read_text()
 
@@ -128,12 +133,12 @@ def test_two_nodes_over_openmpi_train_like_one_node(
     out, port = tmp_path / "out", free_port()
     env = launch_env()
     env.update(
-        HOSTFILE=str(hostfile(tmp_path)),
+        GPT_DS_HOSTFILE=str(hostfile(tmp_path)),
         MASTER_ADDR=NODES[0],
         MASTER_PORT=str(port),
         DS_ENV_FILE=str(tmp_path / "ds_env"),
-        MIN_FREE_GB="0.1",
-        NET_IF="lo",
+        GPT_DS_MIN_FREE_GB="0.1",
+        GPT_DS_NET_IF="lo",
     )
     args = tiny_run_args(
         shakespeare_dir, out, **{**BASE, "deepspeed_config": "ds_configs/zero2.json"}

@@ -156,12 +156,12 @@ def test_two_nodes_over_pdsh_train_like_one_node(
     port = free_port()
     env = launch_env()
     env.update(
-        HOSTFILE=str(hostfile(tmp_path)),
+        GPT_DS_HOSTFILE=str(hostfile(tmp_path)),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         DS_ENV_FILE=str(tmp_path / "ds_env"),
-        MIN_FREE_GB="0.1",
-        NET_IF="lo",
+        GPT_DS_MIN_FREE_GB="0.1",
+        GPT_DS_NET_IF="lo",
     )
     start = time.monotonic()
     cmd = [str(REPO / "launchers" / "multi_node.sh"), *train_args(shakespeare_dir, out)]
@@ -185,7 +185,12 @@ def test_two_nodes_without_ssh_train_like_one_node(
     out = tmp_path / "out"
     port = free_port()
     env = launch_env()
-    env.update(MASTER_PORT=str(port), GPUS_PER_NODE="1", MIN_FREE_GB="0.1", NET_IF="lo")
+    env.update(
+        MASTER_PORT=str(port),
+        GPT_DS_GPUS_PER_NODE="1",
+        GPT_DS_MIN_FREE_GB="0.1",
+        GPT_DS_NET_IF="lo",
+    )
     node = [str(REPO / "launchers" / "run_node.sh")]
     args = ["127.0.0.1", "2", "--", *train_args(shakespeare_dir, out)]
     procs: list[subprocess.Popen] = []
@@ -249,10 +254,10 @@ def test_slurm_batch_script_checkpoints_on_its_warning_signal(shakespeare_dir, t
         SLURM_JOB_ID="4242",
         SLURM_JOB_NODELIST="node[1-2]",
         SLURM_SUBMIT_DIR=str(REPO),
-        HOSTFILE=str(tmp_path / "hostfile"),
+        GPT_DS_HOSTFILE=str(tmp_path / "hostfile"),
         MASTER_PORT=str(port),
-        MIN_FREE_GB="0.1",
-        NET_IF="lo",
+        GPT_DS_MIN_FREE_GB="0.1",
+        GPT_DS_NET_IF="lo",
     )
     args = train_args(shakespeare_dir, out)
     args[args.index("--max_iters") + 1] = "100000"

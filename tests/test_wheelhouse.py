@@ -98,7 +98,7 @@ def test_what_the_target_has_too_old_goes_in_and_is_named(tmp_path, capsys):
 
 
 def wheelhouse(*args, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable}
+    env = {**os.environ, "GPT_DS_PYTHON": sys.executable}
     proc = subprocess.run(
         ["bash", str(SCRIPT), *map(str, args)], env=env, capture_output=True, text=True, timeout=900
     )
@@ -132,7 +132,7 @@ def test_a_node_with_torch_and_no_index_installs_and_trains_from_it(house, tmp_p
     )
     venv = tmp_path / "node"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "GPT_DS_"))}
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet"]
     run_checked([*pip, "torch==2.13.0"], tmp_path, env, timeout=600)  # the node's own torch

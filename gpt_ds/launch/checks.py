@@ -188,7 +188,7 @@ def master_check(remote: dict, listener: MasterListener, host: str) -> Check:
         "unreachable",
         f"{host} cannot connect to {listener.addr}:{listener.port}: {result}. Use a master "
         "address the nodes can route to (--master_addr), open the port in the firewall, and "
-        "set NET_IF (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) to that network's interface",
+        "set GPT_DS_NET_IF (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) to that network's interface",
     )
 
 

@@ -39,7 +39,8 @@ class RankPlan:
 
 
 def parse_requested(text: str | None) -> int | None:
-    """NUM_GPUS as given (None where unset or empty); refuses anything but a positive integer."""
+    """GPT_DS_NUM_GPUS as given (None where unset or empty); refuses anything but a positive
+    integer."""
     if text is None or not text.strip():
         return None
     try:
@@ -47,7 +48,7 @@ def parse_requested(text: str | None) -> int | None:
     except ValueError:
         value = 0
     if value < 1:
-        raise RankRefusal(f"NUM_GPUS must be a positive number of ranks, got {text!r}")
+        raise RankRefusal(f"GPT_DS_NUM_GPUS must be a positive number of ranks, got {text!r}")
     return value
 
 
@@ -80,9 +81,9 @@ def _too_many(ranks: int, visible: dict[str, str], device_count: int) -> str:
     shown = ", ".join(f"{name}={value}" for name, value in visible.items())
     where = f" ({shown})" if shown else ""
     return (
-        f"NUM_GPUS={ranks} but only {device_count} GPU(s) are visible here{where}: each rank "
-        f"needs a GPU of its own. Set NUM_GPUS={device_count} or fewer (or leave it unset to "
-        "use every visible GPU), or make more GPUs visible"
+        f"GPT_DS_NUM_GPUS={ranks} but only {device_count} GPU(s) are visible here{where}: each "
+        f"rank needs a GPU of its own. Set GPT_DS_NUM_GPUS={device_count} or fewer (or leave it "
+        "unset to use every visible GPU), or make more GPUs visible"
     )
 
 
@@ -135,13 +136,14 @@ def _device_count() -> int:
     except ImportError as exc:
         raise RankRefusal(
             f"torch does not import in {sys.executable} ({exc}): run launchers/setup_env.sh, "
-            "or set PYTHON to the interpreter of your environment"
+            "or set GPT_DS_PYTHON to the interpreter of your environment"
         ) from exc
     return torch.cuda.device_count()
 
 
 def main(argv: list[str]) -> int:
-    """Print this machine's plan for argv[0] ranks (or NUM_GPUS unset) as shell assignments."""
+    """Print this machine's plan for argv[0] ranks (GPT_DS_NUM_GPUS; empty: unset) as shell
+    assignments."""
     try:
         requested = parse_requested(argv[0] if argv else None)
         visible = {name: os.environ[name] for name in VISIBLE_VARS if name in os.environ}
