@@ -232,6 +232,7 @@ def quickstart(env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
         remove_shm_buffers("127.0.0.1", port)
 
 
+@pytest.mark.slow
 def test_the_quickstart_trains_exports_and_samples_where_gpt_ds_out_says(shakespeare_dir, tmp_path):
     """The README's first command, two iterations long: GPT_DS_DATA / GPT_DS_OUT choose the
     folders, and an OUT the shell already has (a scheduler's, say) is left alone; OUT alone,
