@@ -192,36 +192,25 @@ def test_a_routable_master_address_passes(addr):
 def test_single_node_runs_three_cpu_ranks_when_asked(shakespeare_dir, tmp_path):
     """GPT_DS_NUM_GPUS=3 on this CPU machine: the plan says 3 CPU ranks (CPU ranks are processes,
     not devices: more than the default 2 is allowed), and all three train."""
-    out, port = tmp_path / "run", free_port()
-    env = launch_env()
-    env.update(GPT_DS_NUM_GPUS="3", MASTER_PORT=str(port), GPT_DS_MIN_FREE_GB="0.1")
-    env.pop("OMP_NUM_THREADS")  # gpt_ds_threads sets it from the rank count
+    out = tmp_path / "run"
     args = tiny_run_args(shakespeare_dir, out, max_iters=2, warmup_iters=1, eval_interval=0)
-    try:
-        proc = subprocess.run(
-            [str(LAUNCHERS / "single_node.sh"), *args],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        remove_shm_buffers("127.0.0.1", port)
+    env = {"GPT_DS_NUM_GPUS": "3", "GPT_DS_MIN_FREE_GB": "0.1"}
+    proc = run_launcher("single_node.sh", env, *args)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said[-6000:]
     assert "ranks: no GPU: 3 CPU ranks" in proc.stderr
     assert sorted(set(re.findall(r"rank (\d)/3 on host", said))) == ["0", "1", "2"], said[-4000:]
 
 
-def quickstart(env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
-    """launchers/quickstart.sh, as the README runs it, with `env` and extra train.py flags."""
+def run_launcher(script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """launchers/`script` as a user runs it, with `env` over the tests' environment and `args`
+    (train.py flags), on a fresh master port."""
     port = free_port()
     full = {**launch_env(), "MASTER_PORT": str(port), **env}
     full.pop("OMP_NUM_THREADS")  # gpt_ds_threads sets it from the rank count
     try:
         return subprocess.run(
-            ["bash", str(LAUNCHERS / "quickstart.sh"), *flags],
+            ["bash", str(LAUNCHERS / script), *args],
             cwd=REPO,
             env=full,
             capture_output=True,
@@ -240,13 +229,14 @@ def test_the_quickstart_trains_exports_and_samples_where_gpt_ds_out_says(shakesp
     out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
     short = ("--max_iters", "2", "--eval_interval", "0", "--eval_iters", "1", "--warmup_iters", "1")
     env = {"GPT_DS_DATA": str(shakespeare_dir), "GPT_DS_OUT": str(out), "OUT": str(elsewhere)}
-    proc = quickstart(env, *short)
+    proc = run_launcher("quickstart.sh", env, *short)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     assert (out / "final" / "gpt_ds.json").is_file() and (out / "hf" / "config.json").is_file()
     assert not elsewhere.exists() and "note: using OUT" not in proc.stderr
     assert "ROMEO:" in proc.stdout  # the sample
 
-    old = quickstart({"GPT_DS_DATA": str(shakespeare_dir), "OUT": str(elsewhere)}, "--lr", "-1")
+    old_env = {"GPT_DS_DATA": str(shakespeare_dir), "OUT": str(elsewhere)}
+    old = run_launcher("quickstart.sh", old_env, "--lr", "-1")
     assert old.returncode == 2, (old.stdout + old.stderr)[-4000:]  # refused before any rank
     assert f"note: using OUT={elsewhere} as GPT_DS_OUT (the older name" in old.stderr
     assert "--lr must be" in old.stderr
