@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.checkpoint.integrity import checksum_problems, unverified_reason
+from gpt_ds.checkpoint.integrity import unverified_reason
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest
-from gpt_ds.checkpoint.tags import LATEST, complete_tags, file_problems, latest_tag, partial_dirs
+from gpt_ds.checkpoint.tags import LATEST, complete_tags, damage, latest_tag, partial_dirs
 
 
 @dataclass
@@ -37,9 +37,7 @@ class TagAudit:
 
 def audit_tag(tag_dir: Path, manifest: Manifest) -> TagAudit:
     started = time.perf_counter()
-    problems = file_problems(tag_dir, manifest)
-    if not problems:
-        problems = checksum_problems(tag_dir, manifest, list(manifest.files))
+    problems = damage(tag_dir, manifest)
     note = f"universal, from {manifest.source_tag}" if manifest.universal else ""
     return TagAudit(
         tag=tag_dir.name,

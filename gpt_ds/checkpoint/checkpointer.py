@@ -192,10 +192,11 @@ def check_same_data(ref: CheckpointRef, identity: dict[str, Any]) -> None:
     nothing; a mixture's names and weights too): resuming continues the same run (its
     training-window positions index that data); new data is a new run."""
     saved = ref.manifest.data
-    if saved is None and "mixture" in identity:  # saved before mixtures: one source's
-        saved = {"train_tokens": None, "val_tokens": None}
-    if saved is None or saved == identity:  # saved before checkpoints recorded their data
+    # a checkpoint that never recorded its data was trained on one source (mixtures came with
+    # the record): only a mixture is known to be other data
+    if saved == identity or (saved is None and "mixture" not in identity):
         return
+    saved = saved or {}
     detail = ", ".join(
         f"{k}: checkpoint {saved.get(k)} vs --data_dir {identity.get(k)}"
         for k in ("train_tokens", "val_tokens")

@@ -90,16 +90,14 @@ def unverified_reason(manifest: Manifest) -> str | None:
     return None
 
 
-def check_verifiable(tag_dir: Path, manifest: Manifest, allow_unverified: bool) -> str | None:
-    """An UnverifiedCheckpoint for a checkpoint that cannot be verified, unless allowed; then
-    returns why it is unverified (None: it can be verified)."""
+def check_verifiable(tag_dir: Path, manifest: Manifest, allow_unverified: bool) -> None:
+    """An UnverifiedCheckpoint for a checkpoint that cannot be verified, unless allowed."""
     why = unverified_reason(manifest)
     if why is not None and not allow_unverified:
         raise UnverifiedCheckpoint(
             f"{tag_dir}: unverified checkpoint: {why}, so a damaged file would load unseen. "
             f"Load it anyway with {ALLOW_FLAG}, or verify the files another way first"
         )
-    return why
 
 
 def checksum_problems(tag_dir: Path, manifest: Manifest, names: list[str]) -> list[str]:

@@ -106,6 +106,14 @@ def file_problems(tag_dir: Path, manifest: Manifest) -> list[str]:
     return problems
 
 
+def damage(tag_dir: Path, manifest: Manifest) -> list[str]:
+    """What is wrong with a tag's files: missing or resized ones, else (every file there at its
+    size) those whose content differs from the recorded checksum. Empty: intact."""
+    return file_problems(tag_dir, manifest) or checksum_problems(
+        tag_dir, manifest, list(manifest.files)
+    )
+
+
 def _listing(out_dir: Path) -> str:
     have = complete_tags(out_dir)
     return f"complete tags: {', '.join(have)}" if have else "no complete tags"

@@ -13,14 +13,13 @@ import dataclasses
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from gpt_ds.base import dist
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.checkpointer import publish, rank_state_name
-from gpt_ds.checkpoint.integrity import ALGORITHM, checksum_problems, digests_of
+from gpt_ds.checkpoint.integrity import ALGORITHM, digests_of
 from gpt_ds.checkpoint.manifest import Manifest
-from gpt_ds.checkpoint.tags import PARTIAL, CheckpointRef, file_problems
+from gpt_ds.checkpoint.tags import PARTIAL, CheckpointRef, damage
 
 
 def universal_tag(tag: str) -> str:
@@ -68,16 +67,9 @@ def convert_to_universal(ref: CheckpointRef) -> CheckpointRef:
     existing = Manifest.read(dst)
     # none yet, one made from an older checkpoint of the same name (`final` is rewritten by
     # every run that ends), or one damaged since: convert again
-    if existing is None or not existing.converted_from(ref.manifest) or _damage(dst, existing):
+    if existing is None or not existing.converted_from(ref.manifest) or damage(dst, existing):
         existing = _convert(ref, dst_tag)
     return CheckpointRef(out_dir=ref.out_dir, tag=dst_tag, manifest=existing)
-
-
-def _damage(tag_dir: Path, manifest: Manifest) -> list[str]:
-    """What is missing, resized or changed in a universal tag (empty: intact)."""
-    return file_problems(tag_dir, manifest) or checksum_problems(
-        tag_dir, manifest, list(manifest.files)
-    )
 
 
 def _convert(ref: CheckpointRef, dst_tag: str) -> Manifest:
