@@ -38,7 +38,6 @@ from gpt_ds.memory import (
     estimate_run,
     grad_comm_bytes_per_step,
     largest_module_params,
-    load_preset_settings,
     parameter_layout,
     preset_run,
 )
@@ -231,7 +230,7 @@ def test_zero_settings_from_configs():
         path = REPO / "ds_configs" / f"{preset}.json"
         if path.is_file():
             zero = json.loads(path.read_text())["zero_optimization"]
-            got = load_preset_settings(path)
+            got = ZeroSettings.from_ds_config(zero)
             assert got.reduce_bucket_size == zero.get("reduce_bucket_size", 500_000_000)
     small = run(reduce_bucket_size=1000, zero_config={"overlap_comm": True})
     assert small.buffers == 2 * 1000 * 2

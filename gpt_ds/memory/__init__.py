@@ -63,7 +63,7 @@ from gpt_ds.memory.picker import (
     choose_preset,
     preset_run,
 )
-from gpt_ds.memory.settings import DeepSpeedRun, ZeroSettings, load_preset_settings
+from gpt_ds.memory.settings import DeepSpeedRun, ZeroSettings
 
 __all__ = [
     "ACT_BYTES_PER_SBH_16BIT",
@@ -103,7 +103,6 @@ __all__ = [
     "format_choice",
     "grad_comm_bytes_per_step",
     "largest_module_params",
-    "load_preset_settings",
     "measured_model_state_bytes",
     "parameter_layout",
     "preset_run",

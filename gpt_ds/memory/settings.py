@@ -3,10 +3,8 @@ from a DeepSpeed config or preset) and the run itself (`DeepSpeedRun`)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
@@ -61,14 +59,6 @@ class ZeroSettings:
 
     def overlap(self, zero_stage: int) -> bool:
         return self.overlap_comm if self.overlap_comm is not None else zero_stage == 3
-
-
-def load_preset_settings(preset: str | Path) -> ZeroSettings:
-    """ZeroSettings of a ds_configs/ preset file; DeepSpeed's defaults if it is missing."""
-    path = Path(preset)
-    if not path.is_file():
-        return ZeroSettings()
-    return ZeroSettings.from_ds_config(json.loads(path.read_text()).get("zero_optimization"))
 
 
 @dataclass(frozen=True)
