@@ -31,7 +31,7 @@ from gpt_ds.base.errors import GptDsError
 from gpt_ds.base.launcher_world import adopt_launcher_world
 from gpt_ds.observe.watchdog import flight_recorder_env
 from gpt_ds.run.config import parse_args
-from gpt_ds.run.plan import claim_out_dir, plan_run, verify_resume
+from gpt_ds.run.plan import claim_out_dir, finished, plan_run, verify_resume
 from gpt_ds.training.trainer import Trainer
 
 
@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_run(cfg)
     except GptDsError as exc:
         return refuse(exc)
+    if done := finished(plan):  # a requeued job whose run ended: nothing written
+        dist.print0(done)
+        return 0
     if plan.cfg.hang_timeout != 0:  # NCCL's flight recorder dumps next to the hang's stacks
         os.environ.update(flight_recorder_env(plan.cfg.out_dir, os.environ))
     dist.init()

@@ -198,7 +198,8 @@ class RunConfig:
     resume: str | None = option(
         None,
         "Resume from a checkpoint tag in out_dir ('--resume' alone: the latest; 'best': the "
-        "best by val loss).",
+        "best by val loss; 'auto': the latest if there is one, else start the run, as a "
+        "requeued job needs). Without it, an out dir holding a run's output is refused.",
         const="latest",
     )
     keep_last: int = option(0, "Keep only the newest N iter_* checkpoints (0 = keep all).")
@@ -324,10 +325,10 @@ def validate(cfg: RunConfig) -> None:
         problems.append(
             "--early_stop_patience needs evaluations during the run: give --eval_interval N"
         )
-    if cfg.init_from != "scratch" and cfg.resume:
+    if cfg.init_from != "scratch" and cfg.resume and cfg.resume != "auto":
         problems.append(
             "--init_from and --resume both given: a resumed run takes its weights "
-            "from the checkpoint"
+            "from the checkpoint (--resume auto applies --init_from only when the run starts)"
         )
     if problems:
         raise ConfigError(problems, source="command line")

@@ -43,6 +43,7 @@ from gpt_ds.model.gpt2 import (
 )
 from gpt_ds.run import lock as run_lock
 from gpt_ds.run.config import RunConfig, run_settings, validate
+from gpt_ds.run.earlier_run import AUTO, auto_starts, check_fresh_start
 from gpt_ds.run.init_source import InitSource, model_source
 from gpt_ds.run.lock import RunLock
 
@@ -99,6 +100,7 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     if has_budget(cfg):  # resolved again with the steps its batch gives the budget
         ds = deepspeed_config(cfg, shape, universal, length)
     check_monitors(ds.config)
+    check_not_past(resume, length)
     check_fresh_zero3(ds, init, resume, cfg.deepspeed_config)
     notes = check_resume(resume, cfg, ds, shape, data.identity())
     estimate = check_machine(cfg, ds, shape)
@@ -247,22 +249,26 @@ def resume_instead(plan: RunPlan, ref: CheckpointRef) -> RunPlan:
 def resume_checkpoint(
     cfg: RunConfig, damaged: dict[str, str] | None = None
 ) -> CheckpointRef | None:
-    """The complete checkpoint `--resume` names (None without --resume); `latest` falls back
-    to the newest complete tag when it names an incomplete one. Its model is plan_run's to
-    check."""
-    if not cfg.resume:
-        return None
+    """The complete checkpoint `--resume` names (None when the run starts: no --resume, or
+    --resume auto in an out dir without gpt_ds output); `latest` falls back to the newest
+    complete tag when it names an incomplete one. Its model is plan_run's to check."""
     out_dir = Path(cfg.out_dir)
+    if not cfg.resume:
+        check_fresh_start(out_dir)  # never replaces an earlier run's output
+        return None
+    if cfg.resume == AUTO and auto_starts(out_dir):
+        dist.print0(f"--resume {AUTO}: no checkpoint in {out_dir}: starting the run")
+        return None
     if not complete_tags(out_dir):
         raise CheckpointError(
             f"--resume: no complete checkpoint in {out_dir} (looked for */{MANIFEST}); "
-            "start without --resume"
+            f"start without --resume, or use --resume {AUTO} (continues if there is one)"
         )
     for leftover in partial_dirs(out_dir) if damaged is None else []:  # said once
         dist.print0(
             f"checkpoint: ignoring incomplete checkpoint directory {leftover} (no manifest)"
         )
-    tag = None if cfg.resume == "latest" else cfg.resume
+    tag = None if cfg.resume in ("latest", AUTO) else cfg.resume
     return resolve(
         out_dir,
         tag,
@@ -271,4 +277,34 @@ def resume_checkpoint(
         damaged=damaged,
         note=dist.print0,
         allow_unverified=cfg.allow_unverified,
+    )
+
+
+def check_not_past(resume: CheckpointRef | None, length: RunLength) -> None:
+    """A checkpoint past the run's last step cannot continue it: said before any work."""
+    if resume is not None and resume.manifest.iteration > length.max_iters:
+        raise ConfigError(
+            f"--resume: {resume.tag_dir} is at iteration {resume.manifest.iteration}, past this "
+            f"run's {length.max_iters} iterations; give a larger length (--max_iters, "
+            "--max_tokens, --max_epochs) to train on from it"
+        )
+
+
+def finished(plan: RunPlan) -> str | None:
+    """Why the checkpoint a run resumes leaves nothing to train (it is the run's last step, or
+    `final` of a run its early stop ended), or None. A requeued finished job exits 0 on this,
+    writing nothing."""
+    ref = plan.resume
+    if ref is None:
+        return None
+    patience, early = plan.cfg.early_stop_patience, ref.manifest.early_stop or {}
+    if ref.tag == "final" and 0 < patience <= early.get("stale", 0):
+        why = "its early stop ended it"
+    elif ref.manifest.iteration == plan.length.max_iters:
+        why = f"that is the run's last of {plan.length.max_iters} iterations"
+    else:
+        return None
+    return (
+        f"nothing to train: {ref.tag_dir} is at iteration {ref.manifest.iteration} and {why}; "
+        "exiting (a longer run: give a larger --max_iters / --max_tokens / --max_epochs)"
     )

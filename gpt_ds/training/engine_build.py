@@ -25,7 +25,12 @@ from gpt_ds.model.gpt2 import (
     shape_of,
 )
 from gpt_ds.run.config import RunConfig
-from gpt_ds.run.init_source import InitSource, export_for_loading, remove_staging
+from gpt_ds.run.init_source import (
+    SCRATCH,
+    InitSource,
+    export_for_loading,
+    remove_staging,
+)
 from gpt_ds.run.plan import RunPlan
 from gpt_ds.training.compile_model import compile_engine, wants_compile
 
@@ -36,6 +41,8 @@ def build_engine(plan: RunPlan):
 
     cfg, shape, ds, init = plan.cfg, plan.shape, plan.ds, plan.init
 
+    if plan.resume is not None:  # its weights come from the checkpoint (--resume auto)
+        init = InitSource(SCRATCH)
     weights = _weights_path(init, cfg.out_dir)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(
