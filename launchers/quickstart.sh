@@ -4,6 +4,10 @@
 # 2 CPU processes where there is no GPU, evaluate and checkpoint as it goes, then export the
 # final checkpoint to a Hugging Face directory and print a sample from it.
 #
+# Run again, it continues where it stopped (`--resume auto`): a stopped run goes on from its
+# newest checkpoint, a finished one trains nothing and is exported and sampled again. To start
+# over, delete the out dir or set GPT_DS_OUT to another.
+#
 #   bash launchers/quickstart.sh [extra train.py flags, e.g. --max_iters 600]
 #   GPT_DS_NUM_GPUS=1 bash launchers/quickstart.sh   # fewer ranks; more than the GPUs is refused
 #   GPT_DS_OUT=/scratch/run bash launchers/quickstart.sh   # where the run goes (GPT_DS_DATA: data)
@@ -26,7 +30,7 @@ for name in "${GPT_DS_UNSET[@]}"; do unset "$name"; done
 deepspeed "${GPT_DS_RUNNER_FLAGS[@]}" gpt_ds/train.py --deepspeed_config ds_configs/zero2.json \
     --model gpt2-tiny --block_size 128 --micro_batch_size 8 --grad_accum 1 \
     --data_dir "$DATA" --out_dir "$OUT" --max_iters 300 --eval_interval 100 --eval_iters 10 \
-    --lr 2e-3 --warmup_iters 30 --log_interval 20 --keep_last 2 "$@"
+    --lr 2e-3 --warmup_iters 30 --log_interval 20 --keep_last 2 --resume auto "$@"
 rm -rf "$OUT/hf"
 python tools/zero_to_fp32.py "$OUT" --output "$OUT/hf"
 python tools/sample.py --model "$OUT/hf" --prompt "ROMEO:" --max_new_tokens 80 --seed 1

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.system import mount, umount
 from support.faults import Launch
 from support.launch import REPO, launch_env, tiny_run_args
 from support.runs import consolidated_model, train_losses, train_lrs, val_losses
@@ -346,13 +347,15 @@ def test_sigterm_and_sigint_stop_cleanly_and_resume(refs, launch, tmp_path):
 
 
 def test_sigterm_to_the_deepspeed_command_stops_the_orphaned_ranks(refs, launch, tmp_path):
-    """SIGTERM to the pid a job script knows, `deepspeed` itself: DeepSpeed's runner dies at
-    once without telling its launcher; the ranks notice within a second that the process that
-    started the launch is gone, finish the step, save and exit 0, and the launcher after them.
-    The resumed run equals the uninterrupted one bit for bit."""
+    """A scheduler's requeue: the job's command has `--resume auto`, so its first launch starts
+    the run; SIGTERM to the pid the job script knows, `deepspeed` itself: DeepSpeed's runner
+    dies at once without telling its launcher; the ranks notice within a second that the
+    process that started the launch is gone, finish the step, save and exit 0, and the launcher
+    after them. The same command again continues: equal to the uninterrupted run bit for bit."""
     ref = refs.get("zero2")
     out = tmp_path / "run"
-    first = launch(ref.args(out), "runner_sigterm")
+    job = ref.args(out, resume="auto")
+    first = launch(job, "runner_sigterm")
     first.wait_for(lambda: max(logged_iters(out), default=0) >= 2, "iteration 2")
     ranks = [first.rank(0), first.rank(1)]
     launcher = first.launcher()
@@ -369,20 +372,15 @@ def test_sigterm_to_the_deepspeed_command_stops_the_orphaned_ranks(refs, launch,
     assert latest(out) == f"iter_{n}" and 2 <= n < ITERS
     assert "exits with return code" not in first.output  # every rank exited 0
     assert first.shm() == []
+    assert f"--resume auto: no checkpoint in {out}: starting the run" in first.output
 
-    resumed = launch(ref.args(out, resume=True), "resume").finish_ok()
+    resumed = launch(job, "requeued").finish_ok()
     assert f"resumed from {out}/iter_{n} at iteration {n}" in resumed.output
     assert train_losses(out) == ref.losses
     assert_same_weights(ref.out, out)
 
 
 # ---------------------------------------------------------------------------- 5. disk
-def _mount(*args: str) -> str | None:
-    """Run mount(8); the reason it failed, or None."""
-    proc = subprocess.run(["mount", *args], capture_output=True, text=True)
-    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
-
-
 def test_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(refs, launch, tmp_path):
     """A 80 MB tmpfs holds one 51 MB checkpoint, not two: the save at iteration 4 fails with a
     message naming the full disk, the run exits non-zero, and iter_2 stays `latest`,
@@ -390,7 +388,7 @@ def test_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(refs, launch,
     ref = refs.get("zero2")
     disk = tmp_path / "disk"
     disk.mkdir()
-    why = _mount("-t", "tmpfs", "-o", "size=80m", "tmpfs", str(disk))
+    why = mount("-t", "tmpfs", "-o", "size=80m", "tmpfs", str(disk))
     if why:
         pytest.skip(f"cannot mount a size-limited tmpfs here: {why}")
     try:
@@ -408,7 +406,7 @@ def test_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(refs, launch,
         assert run.shm() == []  # error exit after start-up: each rank removed its buffer
         assert_same_weights(ref.out, out, "iter_2")
     finally:
-        subprocess.run(["umount", str(disk)], check=False)
+        umount(disk)
 
 
 def _chattr(flag: str, path: Path) -> str | None:
@@ -459,11 +457,11 @@ def test_read_only_out_dir_fails_before_training(shakespeare_dir, launch, tmp_pa
     src, ro = tmp_path / "src", tmp_path / "ro"
     src.mkdir()
     ro.mkdir()
-    why = _mount("--bind", str(src), str(ro))
+    why = mount("--bind", str(src), str(ro))
     if why:
         pytest.skip(f"cannot bind-mount here: {why}")
     try:
-        why = _mount("-o", "remount,bind,ro", str(ro))
+        why = mount("-o", "remount,bind,ro", str(ro))
         if why:
             pytest.skip(f"cannot remount read-only here: {why}")
         out = ro / "out"
@@ -472,7 +470,7 @@ def test_read_only_out_dir_fails_before_training(shakespeare_dir, launch, tmp_pa
         assert f"error: --out_dir {out}: not writable (Read-only file system)" in run.output
         assert "rank 0/1" not in run.output  # failed before the process group and the model
     finally:
-        subprocess.run(["umount", str(ro)], check=False)
+        umount(ro)
 
 
 # ---------------------------------------------------------------------------- 6. NaN

@@ -12,7 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers.sshd import Unavailable, ensure_packages
+from helpers.files import file_hashes
+from helpers.system import Unavailable, ensure_packages
 from support.launch import (
     REPO,
     VENV_BIN,
@@ -234,6 +235,13 @@ def test_the_quickstart_trains_exports_and_samples_where_gpt_ds_out_says(shakesp
     assert (out / "final" / "gpt_ds.json").is_file() and (out / "hf" / "config.json").is_file()
     assert not elsewhere.exists() and "note: using OUT" not in proc.stderr
     assert "ROMEO:" in proc.stdout  # the sample
+
+    # run again (--resume auto): the finished run trains nothing, is exported and sampled again
+    checkpoints = file_hashes(out, exclude="hf")
+    again = run_launcher("quickstart.sh", env, *short)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-6000:]
+    assert f"nothing to train: {out}/final is at iteration 2, the run's last" in again.stdout
+    assert file_hashes(out, exclude="hf") == checkpoints and "ROMEO:" in again.stdout
 
     old_env = {"GPT_DS_DATA": str(shakespeare_dir), "OUT": str(elsewhere)}
     old = run_launcher("quickstart.sh", old_env, "--lr", "-1")

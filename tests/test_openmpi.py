@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from helpers.compared_runs import BASE, assert_losses_close, compared_run
-from helpers.sshd import Unavailable, ensure_packages, sshd_fixture
+from helpers.sshd import sshd_fixture
+from helpers.system import Unavailable, ensure_packages
 from support.launch import REPO, VENV_BIN, free_port, launch_env, remove_shm_buffers, tiny_run_args
 
 pytestmark = pytest.mark.slow

@@ -291,20 +291,13 @@ def check_not_past(resume: CheckpointRef | None, length: RunLength) -> None:
 
 
 def finished(plan: RunPlan) -> str | None:
-    """Why the checkpoint a run resumes leaves nothing to train (it is the run's last step, or
-    `final` of a run its early stop ended), or None. A requeued finished job exits 0 on this,
-    writing nothing."""
+    """Why the checkpoint a run resumes leaves nothing to train (it is the run's last step), or
+    None. A requeued job whose run ended exits 0 on this, writing nothing. (A `final` its early
+    stop ended, earlier, is continued: its next evaluation stops it again.)"""
     ref = plan.resume
-    if ref is None:
-        return None
-    patience, early = plan.cfg.early_stop_patience, ref.manifest.early_stop or {}
-    if ref.tag == "final" and 0 < patience <= early.get("stale", 0):
-        why = "its early stop ended it"
-    elif ref.manifest.iteration == plan.length.max_iters:
-        why = f"that is the run's last of {plan.length.max_iters} iterations"
-    else:
+    if ref is None or ref.manifest.iteration != plan.length.max_iters:
         return None
     return (
-        f"nothing to train: {ref.tag_dir} is at iteration {ref.manifest.iteration} and {why}; "
-        "exiting (a longer run: give a larger --max_iters / --max_tokens / --max_epochs)"
+        f"nothing to train: {ref.tag_dir} is at iteration {ref.manifest.iteration}, the run's "
+        "last; exiting (a longer run: give a larger --max_iters / --max_tokens / --max_epochs)"
     )

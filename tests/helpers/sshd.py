@@ -10,8 +10,9 @@ host-key checking off. DeepSpeed's pdsh runner then works unchanged: it runs
 
 At the end the sshd processes are stopped by pid and the config block is removed (only ours:
 it is fenced by markers carrying our pid; blocks left by a killed run are removed too).
-Missing `openssh-server` / `pdsh` are installed with apt-get (needs root). When this machine
-cannot do it (not root, no apt, no 127.0.0.2), the tests are skipped with the reason.
+Missing `openssh-server` / `pdsh` are installed with apt-get (needs root). All of it only with
+GPT_DS_TEST_SYSTEM=1 (helpers/system.py); without it, or when this machine cannot do it (not
+root, no apt, no 127.0.0.2), the tests are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from pathlib import Path
 import pytest
 from support.launch import free_port
 
+from helpers.system import Unavailable, check_allowed, ensure_packages
+
 SSHD = "/usr/sbin/sshd"
 PACKAGES = {SSHD: "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
             "pdsh": "pdsh"}  # fmt: skip
@@ -44,34 +47,6 @@ _BLOCK_RE = re.compile(
     r"# <<< gpt_ds tests/sshd_loopback\.py pid=\1 <<<\n?",
     re.S,
 )
-
-
-class Unavailable(Exception):
-    """This machine cannot run the loopback sshd; the message says why."""
-
-
-def _have(tool: str) -> bool:
-    return Path(tool).exists() if tool.startswith("/") else shutil.which(tool) is not None
-
-
-def ensure_packages(packages: dict[str, str] = PACKAGES) -> None:
-    """apt-get install the Debian package of each missing tool (tool -> package); by default
-    openssh-server, openssh-client and pdsh (~10 s)."""
-    missing = sorted({pkg for tool, pkg in packages.items() if not _have(tool)})
-    if not missing:
-        return
-    if os.geteuid() != 0:
-        raise Unavailable(f"{', '.join(missing)} missing and not root: cannot apt-get install")
-    if not shutil.which("apt-get"):
-        raise Unavailable(f"{', '.join(missing)} missing and no apt-get on this machine")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
-    proc = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:  # stale or empty package lists: update once and retry
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=600)
-        proc = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise Unavailable(f"apt-get install {' '.join(missing)} failed: {proc.stderr[-500:]}")
 
 
 def ssh_config_path() -> Path:
@@ -284,6 +259,7 @@ def _run(cmd: list[str]) -> None:
 
 
 def _start() -> SshLoopback:
+    check_allowed("the loopback sshd (a block in ~/.ssh/config; apt-get of missing ssh, pdsh)")
     if os.geteuid() != 0:
         raise Unavailable("not root: the test sshd logs in as this user and needs /run/sshd")
     try:
@@ -291,7 +267,7 @@ def _start() -> SshLoopback:
             s.bind(("127.0.0.2", 0))
     except OSError as exc:
         raise Unavailable(f"cannot bind 127.0.0.2 (no 127.0.0.0/8 loopback): {exc}") from exc
-    ensure_packages()
+    ensure_packages(PACKAGES)
     loop = SshLoopback(Path(tempfile.mkdtemp(prefix="gpt_ds_sshd_")))
     atexit.register(loop.close)  # even if pytest dies before teardown
     try:

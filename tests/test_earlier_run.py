@@ -1,0 +1,143 @@
+"""A launch never replaces another run's output (gpt_ds/run/earlier_run.py): without `--resume`,
+an out dir holding a run is refused before any work, every file of it left byte-identical;
+`--resume auto` starts an empty out dir, continues the newest complete checkpoint, trains
+nothing (exit 0, nothing written) when that checkpoint is the run's last step, and refuses an
+out dir with output but no checkpoint. The requeue itself (auto, a signal, the same command
+again, continuing exactly) is test_faults' SIGTERM-to-`deepspeed` test.
+
+Real runs: copies of the session's finished ZeRO-2 run (conftest.stage_run: iter_10, iter_20,
+final at 24, `latest`, metrics.jsonl), launched on 2 ranks where the issue's reproduction needs
+it, else planned in this process (`gpt_ds.train.main` returns before any process group)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers.files import file_hashes
+from support.launch import STAGE_RUN_ITERS, run_deepspeed, tiny_run_args
+
+from gpt_ds import train
+from gpt_ds.base.errors import ConfigError
+from gpt_ds.run.config import parse_args, validate
+from gpt_ds.run.earlier_run import OutDirHasRun
+from gpt_ds.run.lock import LOCK_NAME, LockOwner
+from gpt_ds.run.plan import plan_run
+
+
+def stage_args(data_dir: Path, out: Path, **more) -> list[str]:
+    """The session's ZeRO-2 run (2 ranks x micro-batch 4) for `out`; one process keeps its
+    global batch of 8 with grad_accum 2."""
+    flags = {"deepspeed_config": "ds_configs/zero2.json", "max_iters": STAGE_RUN_ITERS, **more}
+    return tiny_run_args(data_dir, out, **flags)
+
+
+@pytest.fixture
+def finished(stage_run, tmp_path) -> Path:
+    """A copy of the session's finished run, this test's to change."""
+    return Path(shutil.copytree(stage_run(2)[0], tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_a_relaunch_without_resume_leaves_a_finished_run_byte_identical(finished, shakespeare_dir):
+    """The reproduction, on 2 ranks: the finished run's command again with --max_iters 4 and
+    no --resume exits 2 naming each tag with its iteration, `latest` and metrics.jsonl, and
+    the ways on; not one file of the first run changed."""
+    before = file_hashes(finished)
+    proc = run_deepspeed(stage_args(shakespeare_dir, finished, max_iters=4), check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-4000:]
+    assert (
+        f"error: --out_dir {finished} already holds a run: final/ (iteration 24), iter_20/ "
+        "(iteration 20), iter_10/ (iteration 10), `latest` (naming final), metrics.jsonl (up to "
+        "iteration 24)."
+    ) in said
+    assert "--resume (the newest complete checkpoint) or --resume auto" in said
+    assert "another --out_dir" in said and "rank 0/2" not in said  # before any model
+    assert file_hashes(finished) == before
+
+
+@pytest.mark.slow
+def test_resume_auto_on_a_finished_run_trains_nothing_and_past_it_is_refused(
+    finished, shakespeare_dir, capsys
+):
+    """The same command requeued with --resume auto: the newest checkpoint is the run's last
+    step, so it exits 0 saying so, writing nothing; a shorter run than that checkpoint is
+    refused (exit 2), naming the lengths."""
+    before = file_hashes(finished)
+    argv = stage_args(shakespeare_dir, finished, resume="auto", grad_accum=2)
+    assert train.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"nothing to train: {finished}/final is at iteration 24, the run's last" in out
+    assert train.main([*argv, "--max_iters", "4"]) == 2
+    err = capsys.readouterr().err
+    assert f"{finished}/final is at iteration 24, past this run's 4 iterations" in err
+    assert file_hashes(finished) == before
+
+
+@pytest.mark.slow
+def test_resume_auto_continues_the_newest_checkpoint(finished, stage_run, shakespeare_dir):
+    """A stopped run (newest checkpoint iter_20, `final` gone): auto resumes iter_20, as
+    --resume does, and the job's --init_from (weights for a start) may stay in its command."""
+    shutil.rmtree(finished / "final")
+    (finished / "latest").write_text("iter_20")
+    argv = stage_args(shakespeare_dir, finished, resume="auto", grad_accum=2, max_iters=30)
+    plan = plan_run(parse_args(argv))
+    assert plan.resume is not None and plan.resume.tag == "iter_20"
+    assert plan_run(parse_args([*argv, "--resume"])).resume == plan.resume
+    weights = ["--init_from", f"{stage_run(2)[0]}:iter_10"]
+    no_model = stage_args(shakespeare_dir, finished, resume="auto", grad_accum=2, model=None)
+    assert plan_run(parse_args([*no_model, *weights, "--max_iters", "30"])).resume == plan.resume
+    with pytest.raises(ConfigError, match="--init_from and --resume both given"):
+        validate(parse_args([*no_model, *weights, "--resume", "latest"]))
+
+
+def test_resume_auto_starts_an_out_dir_without_output(shakespeare_dir, tmp_path, capsys):
+    """Nothing of gpt_ds's there (a missing folder, or one holding other files and a stale
+    lock): the run starts, said in one line."""
+    for out in (tmp_path / "new", tmp_path / "other"):
+        if out.name == "other":
+            out.mkdir()
+            (out / "notes.txt").write_text("mine")
+            (out / LOCK_NAME).write_text(json.dumps({**gone_owner(), "run_id": "old"}))
+        plan = plan_run(parse_args(tiny_run_args(shakespeare_dir, out, resume="auto")))
+        assert plan.resume is None
+        assert f"--resume auto: no checkpoint in {out}: starting the run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "leftover, named",
+    [
+        ("metrics.jsonl", "metrics.jsonl (up to iteration 3)"),
+        ("iter_4.partial", "iter_4.partial/ (an interrupted save, no manifest)"),
+        ("latest", "`latest` (naming iter_4)"),
+    ],
+)
+def test_output_without_a_checkpoint_is_refused_with_and_without_auto(
+    leftover, named, shakespeare_dir, tmp_path
+):
+    """A crashed run's metrics, an interrupted save or a lone `latest`: a new run would mix
+    into it and auto has nothing to continue; both refused before any work, naming it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    if leftover == "metrics.jsonl":
+        (out / leftover).write_text('{"kind": "train", "iter": 3, "loss": 9.0}\n{"iter": ')
+    elif leftover == "latest":
+        (out / leftover).write_text("iter_4")
+    else:
+        (out / leftover).mkdir()
+    for resume, shown in ((None, "it has no complete checkpoint to continue"), ("auto", None)):
+        cfg = parse_args(tiny_run_args(shakespeare_dir, out, resume=resume))
+        with pytest.raises(OutDirHasRun) as refused:
+            plan_run(cfg)
+        assert named in str(refused.value) and "another --out_dir" in str(refused.value)
+        assert shown is None or shown in str(refused.value)
+    assert sorted(p.name for p in out.iterdir()) == [leftover]
+
+
+def gone_owner() -> dict:
+    """A lock owner on this host whose process is gone (pid 2**22 + 1 is above pid_max)."""
+    owner = LockOwner.this_process("x")
+    return {**owner.__dict__, "pid": 2**22 + 1, "identity": None}
