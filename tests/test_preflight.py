@@ -24,7 +24,12 @@ from support.launch import REPO, free_port, launch_env
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.launch.checks import Check, HostChecks, PreflightResult, format_result
 from gpt_ds.launch.hostfile import parse_hostfile_text, read_hostfile, resource_pool
-from gpt_ds.launch.preflight import PreflightOptions, run_preflight
+from gpt_ds.launch.preflight import (
+    PreflightOptions,
+    default_master_addr,
+    master_query,
+    run_preflight,
+)
 from gpt_ds.launch.probe import (
     MasterListener,
     deepspeed_exports,
@@ -218,6 +223,38 @@ def test_master_port_in_use_is_reported():
     with MasterListener("127.0.0.1", port) as listener:
         assert listener.error is None
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+# ssh as the preflight calls it (options, host, command): answers the two address queries
+STAND_IN_SSH = r"""#!/bin/sh
+for word; do last=$word; done
+echo "$last" >> "$(dirname "$0")/asked"
+case $last in
+    "hostname -I") echo "10.0.0.5 172.17.0.1 fd00::5" ;;
+    "ip -4 -o addr show dev ib0") echo "3: ib0    inet 10.1.0.5/16 brd 10.1.255.255 scope global" ;;
+    *) echo "Device does not exist" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_the_default_master_is_the_address_multi_node_sh_picks(tmp_path):
+    """No --master_addr: the first host's address on GPT_DS_NET_IF, else the first word of its
+    `hostname -I`, asked over ssh (a stand-in here), else its name: launchers/multi_node.sh's
+    rule, whose queries are these."""
+    ssh = tmp_path / "ssh"
+    ssh.write_text(STAND_IN_SSH)
+    ssh.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    opts = PreflightOptions(hostfile="hostfile", timeout=10)
+    assert default_master_addr("node-1", opts, env) == "10.0.0.5"
+    assert default_master_addr("node-1", opts, {**env, "GPT_DS_NET_IF": "ib0"}) == "10.1.0.5"
+    assert default_master_addr("node-1", opts, {**env, "GPT_DS_NET_IF": "eth9"}) == "node-1"
+    asked = ["hostname -I", "ip -4 -o addr show dev ib0", "ip -4 -o addr show dev eth9"]
+    assert (tmp_path / "asked").read_text().splitlines() == asked
+    launcher = (REPO / "launchers" / "multi_node.sh").read_text()
+    assert master_query("") == "hostname -I" and 'query="hostname -I"' in launcher
+    assert master_query("IF") == "ip -4 -o addr show dev IF"
+    assert 'query="ip -4 -o addr show dev $GPT_DS_NET_IF"' in launcher
 
 
 def test_result_table_and_fix_lines():

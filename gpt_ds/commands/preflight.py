@@ -14,6 +14,7 @@ checks and a `fix:` line per failure; exits 0 when every host is ready, 1 when a
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_burn_in(opts: PreflightOptions, result) -> int:
     """Launch the burn-in (its output streams through); 0 when it ran, 1 when it failed."""
     slots = sum(h.slots for h in result.hosts) if opts.local else 0
-    cmd = burn_in_command(opts, max(1, slots))
+    checked = dataclasses.replace(opts, master_addr=result.master_addr or opts.master_addr)
+    cmd = burn_in_command(checked, max(1, slots))
     print(f"burn-in: {' '.join(cmd)}", flush=True)
     try:
         proc = subprocess.run(cmd, cwd=opts.project_dir, timeout=BURN_IN_LIMIT_S)

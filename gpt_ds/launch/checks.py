@@ -43,7 +43,8 @@ class PreflightResult:
     local: dict
     hosts: list[HostChecks]
     problems: list[str]  # not tied to one host (e.g. a bad .deepspeed_env)
-    master: str
+    master: str  # address:port and where it listens, for the table
+    master_addr: str = ""  # the address checked: the burn-in launches with it
 
     @property
     def ok(self) -> bool:

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import socket
 import sys
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +83,11 @@ class PreflightOptions:
         "master port; the others check that they can reach it)",
     )
     master_addr: str | None = option(
-        None, "master address (default: the hostfile's first host, as DeepSpeed picks; 127.0.0.1)"
+        None,
+        "master address (default: the one launchers/multi_node.sh picks, asked of the "
+        "hostfile's first host over ssh: its IPv4 address on $GPT_DS_NET_IF (`ip -4 -o addr "
+        "show dev IF`) if set, else the first word of its `hostname -I` (DeepSpeed's runner's "
+        "rule), else the host's name; with --local: 127.0.0.1)",
     )
     master_port: int = option(DEFAULT_MASTER_PORT, "master port")
     expected_devices: int | None = option(None, "GPUs every node must see (default: >= its slots)")
@@ -168,6 +174,35 @@ def _entries(opts: PreflightOptions) -> list[HostEntry]:
     raise ConfigError("give --hostfile HOSTFILE, or --local to check this machine only")
 
 
+def master_query(net_if: str) -> str:
+    """The command launchers/multi_node.sh runs on the first host for the master address."""
+    return f"ip -4 -o addr show dev {shlex.quote(net_if)}" if net_if else "hostname -I"
+
+
+def first_address(answer: str) -> str | None:
+    """The address in the first line of `master_query`'s answer, read as multi_node.sh reads
+    it: the 4th word up to its `/` (`ip -o`), else the first word (`hostname -I`)."""
+    words = (answer.splitlines() or [""])[0].split()
+    if len(words) > 3 and "/" in words[3]:
+        return words[3].split("/")[0]
+    return words[0] if words else None
+
+
+def default_master_addr(host: str, opts: PreflightOptions, env: Mapping[str, str]) -> str:
+    """The MASTER_ADDR launchers/multi_node.sh gives a launch without one: `host`'s address on
+    $GPT_DS_NET_IF, else the first of its `hostname -I`, asked over ssh; else `host`."""
+    query = master_query(env.get("GPT_DS_NET_IF", ""))
+    ssh = [*ssh_base(host, opts.timeout, opts.ssh_port), query]
+    return first_address(run_probe(ssh, "", opts.timeout, dict(env)).stdout) or host
+
+
+def _master_addr(opts: PreflightOptions, first: HostEntry, env: Mapping[str, str]) -> str:
+    """--master_addr, else 127.0.0.1 with --local, else the address the launcher will use."""
+    if opts.master_addr:
+        return opts.master_addr
+    return "127.0.0.1" if opts.local else default_master_addr(first.host, opts, env)
+
+
 def _probe_request(opts: PreflightOptions, master_addr: str) -> dict:
     """What the probe is asked to look at on every node."""
     return {
@@ -209,7 +244,7 @@ def run_preflight(opts: PreflightOptions, env: dict[str, str] | None = None) -> 
     exports, problems = deepspeed_exports(opts.project_dir, env)
     if opts.local:  # no remote ranks: the local environment is what counts
         exports, problems = {}, []
-    master_addr = opts.master_addr or ("127.0.0.1" if opts.local else entries[0].host)
+    master_addr = _master_addr(opts, entries[0], env)
     listen = not (opts.local and opts.node_rank > 0)
     with MasterListener(master_addr, opts.master_port, listen) as listener:
         script = probe_script(_probe_request(opts, master_addr)) + probe_source()
@@ -230,7 +265,7 @@ def run_preflight(opts: PreflightOptions, env: dict[str, str] | None = None) -> 
         ]
     if opts.local:
         hosts[0].checks["ssh"] = Check(None, "local")
-    return PreflightResult(local, hosts, problems, listener.description)
+    return PreflightResult(local, hosts, problems, listener.description, master_addr)
 
 
 def burn_in_command(opts: PreflightOptions, slots: int) -> list[str]:
