@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers.sshd import sshd_fixture
 from support.launch import (
@@ -32,6 +33,8 @@ from support.launch import (
     run_deepspeed,
 )
 from support.runs import train_losses, val_losses
+
+from gpt_ds.observe.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 ssh_loopback = sshd_fixture()
@@ -292,3 +295,74 @@ def test_slurm_batch_script_checkpoints_on_its_warning_signal(shakespeare_dir, t
     assert (out / "latest").read_text().strip() == tag
     shards = sorted((out / tag).glob("*zero_pp_rank_*optim_states.pt"))
     assert len(shards) == 2, shards
+
+
+def pdsh_env(tmp_path: Path, port: int) -> dict[str, str]:
+    """launchers/multi_node.sh's knobs for the two loopback nodes."""
+    env = launch_env()
+    env.update(
+        GPT_DS_HOSTFILE=str(hostfile(tmp_path)),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        DS_ENV_FILE=str(tmp_path / "ds_env"),
+        GPT_DS_MIN_FREE_GB="0.1",
+        GPT_DS_NET_IF="lo",
+    )
+    return env
+
+
+def rank_processes(out: Path) -> list[psutil.Process]:
+    """The training ranks (on either "node") of the run writing `out`."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "gpt_ds/train.py" in cmd and "--local_rank" in cmd and str(out) in cmd:
+            found.append(p)
+    return found
+
+
+def test_a_signal_to_a_pdsh_launch_saves_on_every_node_and_the_job_continues(
+    ssh_loopback, shakespeare_dir, tmp_path
+):
+    """SIGTERM to launchers/multi_node.sh (it execs DeepSpeed's runner: what `kill` or a
+    scheduler hits): the runner interrupts pdsh and runs `pkill -f deepspeed.launcher.launch`
+    on every node; each node's launcher passes SIGTERM to its rank, and every rank finishes its
+    step, saves and exits by itself, well before that launcher's 30-s kill. The console after
+    the signal is lost with pdsh; metrics.jsonl and `latest` say what was saved. The same
+    command again (`--resume auto`) continues from that checkpoint to the end."""
+    out, port = tmp_path / "out", free_port()
+    args = [*train_args(shakespeare_dir, out), "--max_iters", "24", "--eval_interval", "0"]
+    job = [str(REPO / "launchers" / "multi_node.sh"), *args, "--resume", "auto"]
+    log = tmp_path / "first.log"
+    with open(log, "w") as logf:
+        first = subprocess.Popen(job, cwd=REPO, env=pdsh_env(tmp_path, port), stdout=logf,
+                                 stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while len(train_losses(out, tolerate_partial_last_line=True)) < 3:
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()[-6000:]
+            time.sleep(0.2)
+        ranks = rank_processes(out)
+        assert len(ranks) == 2, [r.cmdline() for r in ranks]
+        first.send_signal(15)
+        assert first.wait(timeout=60) == 1  # DeepSpeed's runner: sys.exit(1) after its pkill
+        gone, alive = psutil.wait_procs(ranks, timeout=20)  # the launchers kill at 30 s
+        assert alive == [], log.read_text()[-6000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+        for p in rank_processes(out):
+            p.kill()
+        remove_shm_buffers("127.0.0.1", port)
+    tag = (out / "latest").read_text().strip()
+    saved = [r for r in read_metrics(out) if r.get("event") == "checkpoint"]
+    assert [r["tag"] for r in saved] == [tag] and tag == f"iter_{saved[0]['iter']}"
+    assert 3 <= saved[0]["iter"] < 24
+    shards = sorted((out / tag).glob("*zero_pp_rank_*optim_states.pt"))
+    assert len(shards) == 2 and (out / tag / "gpt_ds.json").is_file(), shards
+
+    port = free_port()
+    again = run(job, pdsh_env(tmp_path, port), port)
+    assert again.returncode == 0, explain(again)
+    assert f"resumed from {out}/{tag} at iteration {saved[0]['iter']}" in again.stdout
+    assert sorted(train_losses(out)) == list(range(1, 25))

@@ -2,8 +2,9 @@
 
 The table between the two markers is generated from `RunConfig` (gpt_ds/run/config.py) by
 `gpt_ds.base.cli.flag_reference`, the same fields and help texts `gpt_ds/train.py --help`
-shows; `--check` only says whether the committed table is current (exit 1 if not), as
-tests/test_docs.py does.
+shows, with the defaults the DeepSpeed config resolution gives the flags left unset
+(`gpt_ds.dsconfig.resolve.FLAG_DEFAULTS`); `--check` only says whether the committed table is
+current (exit 1 if not), as tests/test_docs.py does.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 from gpt_ds.base.cli import flag_reference
+from gpt_ds.dsconfig.resolve import FLAG_DEFAULTS
 from gpt_ds.run.config import RunConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "training.md"
@@ -26,10 +28,15 @@ def split(text: str) -> tuple[str, str, str]:
     return head, block, tail
 
 
+def reference() -> str:
+    """The table as the code gives it now."""
+    return flag_reference(RunConfig, FLAG_DEFAULTS)
+
+
 def main(argv: list[str] | None = None) -> int:
     check = "--check" in (sys.argv[1:] if argv is None else argv)
     head, block, tail = split(DOC.read_text())
-    current = flag_reference(RunConfig)
+    current = reference()
     if check:
         print("up to date" if block == current else f"stale: run python {Path(__file__).name}")
         return 0 if block == current else 1

@@ -19,7 +19,7 @@ import inspect
 import sys
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
@@ -169,16 +169,20 @@ def run_tool(main: Callable[[], int | None], interrupted: str = "interrupted") -
         return 130
 
 
-def flag_reference(cls: type) -> str:
+def flag_reference(cls: type, resolved: Mapping[str, str] | None = None) -> str:
     """A Markdown table of the flags of the dataclass `cls`, from the same fields and metadata
-    as `build_parser` (hidden ones left out, as `--help` leaves them out): what docs/ shows."""
+    as `build_parser` (hidden ones left out, as `--help` leaves them out): what docs/ shows.
+
+    `resolved`: by field name, the default cell of fields whose default is None ("not given")
+    because their value is decided later (the batch flags: gpt_ds.dsconfig.resolve)."""
     hints = get_type_hints(cls)
     rows = ["| flag | default | meaning |", "|---|---|---|"]
     for f in dataclasses.fields(cls):
         if not f.init or f.metadata.get("hidden"):
             continue
         flags, kwargs = _argument(f, hints[f.name])
-        cells = [_usage(flags, kwargs), _default(kwargs), f.metadata["help"]]
+        default = (resolved or {}).get(f.name) or _default(kwargs)
+        cells = [_usage(flags, kwargs), default, f.metadata["help"]]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"
 

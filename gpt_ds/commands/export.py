@@ -4,7 +4,7 @@
     gpt-ds-export out/ --tag iter_200 --output export/ --dtype bf16
     gpt-ds-export out/ --tag best --output export/     # the checkpoint of the best val loss
     gpt-ds-export out/ --output sd/ --format safetensors
-    gpt-ds-export out/ --output model.gguf --format gguf --dtype q8_0   # llama.cpp, ollama
+    gpt-ds-export out/ --output model.gguf --format gguf --dtype q8_0   # llama.cpp
 
 (`python tools/zero_to_fp32.py ...` in a checkout is the same command.)
 

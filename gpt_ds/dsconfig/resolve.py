@@ -30,6 +30,16 @@ from gpt_ds.dsconfig.settings import CLI_FLAGS, RunSettings
 DEFAULT_MICRO_BATCH = 4
 DEFAULT_GRAD_ACCUM = 1
 DEFAULT_GRAD_CLIP = 1.0
+# What those flags default to, for the default column of docs/training.md's flag reference
+# (tools/flag_reference.py): on the command line they are None, "not given", so that a concrete
+# value in the DeepSpeed config wins (`ResolvedDsConfig.pick`).
+_UNLESS_CONFIG = "unless the DeepSpeed config sets it"
+_UNLESS_BATCH = f"{_UNLESS_CONFIG} or its train_batch_size implies another"
+FLAG_DEFAULTS = {
+    "micro_batch_size": f"`{DEFAULT_MICRO_BATCH}` ({_UNLESS_BATCH})",
+    "grad_accum": f"`{DEFAULT_GRAD_ACCUM}` ({_UNLESS_BATCH})",
+    "grad_clip": f"`{DEFAULT_GRAD_CLIP}` ({_UNLESS_CONFIG})",
+}
 
 # ZeRO sizes "auto" may take, derived from the model's width h as the HF Trainer derives them
 # (transformers' HfTrainerDeepSpeedConfig.trainer_config_finalize): (rule, formula, fallback).

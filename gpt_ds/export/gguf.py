@@ -1,5 +1,6 @@
-"""A GGUF file for llama.cpp (and ollama, LM Studio, llama-cpp-python), written straight from a
-ZeRO checkpoint: `gpt-ds-export OUT --format gguf --output model.gguf [--dtype q8_0]`.
+"""A GGUF file for llama.cpp (ollama and LM Studio read the format too: untested), written
+straight from a ZeRO checkpoint: `gpt-ds-export OUT --format gguf --output model.gguf
+[--dtype q8_0]`.
 
 What llama.cpp's own GPT-2 converter (`convert_hf_to_gguf.py`, conversion/gpt2.py) writes from a
 Hugging Face directory, written here without one, through the same `gguf` package (the optional

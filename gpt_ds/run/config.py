@@ -23,6 +23,7 @@ from gpt_ds.checkpoint.manifest import replayed_flags
 from gpt_ds.data.spec import DEFAULT_DATA_DIR, data_specs
 from gpt_ds.data.token_format import rebuild_command
 from gpt_ds.dsconfig.lr_schedule import SCHEDULES
+from gpt_ds.dsconfig.resolve import DEFAULT_GRAD_ACCUM, DEFAULT_GRAD_CLIP, DEFAULT_MICRO_BATCH
 from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS
 from gpt_ds.dsconfig.schema import PRESETS, preset_path
 from gpt_ds.dsconfig.settings import RunSettings
@@ -148,9 +149,18 @@ class RunConfig:
     lr_decay_iters: int | None = option(
         None, "Iteration where the cosine decay reaches min_lr (default --max_iters)."
     )
-    grad_clip: float | None = option(None, "Gradient-norm clipping (default: the config's, 1.0).")
-    micro_batch_size: int | None = option(None, "Sequences per rank per forward pass.")
-    grad_accum: int | None = option(None, "Micro-batches accumulated per optimizer step.")
+    grad_clip: float | None = option(
+        None, f"Gradient-norm clipping (default: the config's, else {DEFAULT_GRAD_CLIP})."
+    )
+    micro_batch_size: int | None = option(
+        None,
+        f"Sequences per rank per forward pass (default: the config's, else {DEFAULT_MICRO_BATCH}).",
+    )
+    grad_accum: int | None = option(
+        None,
+        "Micro-batches accumulated per optimizer step (default: the config's, else "
+        f"{DEFAULT_GRAD_ACCUM}).",
+    )
     seed: int = option(1337, "Seed for initialisation, data order and dropout.")
     # --- evaluation, logging, checkpoints
     eval_interval: int = option(50, "Evaluate every N iterations; 0 = only at the end.")
