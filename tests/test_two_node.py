@@ -106,6 +106,20 @@ def assert_same_run(out: Path, ref: Path) -> None:
         assert len(shards) == 2 and "rank_1" in shards[1], (t, shards)  # node 1 saved its shard
 
 
+def pdsh_env(tmp_path: Path, port: int) -> dict[str, str]:
+    """launchers/multi_node.sh's knobs for the two loopback nodes."""
+    env = launch_env()
+    env.update(
+        GPT_DS_HOSTFILE=str(hostfile(tmp_path)),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        DS_ENV_FILE=str(tmp_path / "ds_env"),
+        GPT_DS_MIN_FREE_GB="0.1",
+        GPT_DS_NET_IF="lo",
+    )
+    return env
+
+
 @pytest.fixture(scope="module")
 def single_node_reference(shakespeare_dir, tmp_path_factory) -> Path:
     """The same run as `deepspeed --num_gpus 2` on one node."""
@@ -157,15 +171,7 @@ def test_two_nodes_over_pdsh_train_like_one_node(
     `deepspeed --hostfile H --master_addr 127.0.0.1 --master_port P gpt_ds/train.py ...`."""
     out = tmp_path / "out"
     port = free_port()
-    env = launch_env()
-    env.update(
-        GPT_DS_HOSTFILE=str(hostfile(tmp_path)),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        DS_ENV_FILE=str(tmp_path / "ds_env"),
-        GPT_DS_MIN_FREE_GB="0.1",
-        GPT_DS_NET_IF="lo",
-    )
+    env = pdsh_env(tmp_path, port)
     start = time.monotonic()
     cmd = [str(REPO / "launchers" / "multi_node.sh"), *train_args(shakespeare_dir, out)]
     proc = run(cmd, env, port)
@@ -295,20 +301,6 @@ def test_slurm_batch_script_checkpoints_on_its_warning_signal(shakespeare_dir, t
     assert (out / "latest").read_text().strip() == tag
     shards = sorted((out / tag).glob("*zero_pp_rank_*optim_states.pt"))
     assert len(shards) == 2, shards
-
-
-def pdsh_env(tmp_path: Path, port: int) -> dict[str, str]:
-    """launchers/multi_node.sh's knobs for the two loopback nodes."""
-    env = launch_env()
-    env.update(
-        GPT_DS_HOSTFILE=str(hostfile(tmp_path)),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        DS_ENV_FILE=str(tmp_path / "ds_env"),
-        GPT_DS_MIN_FREE_GB="0.1",
-        GPT_DS_NET_IF="lo",
-    )
-    return env
 
 
 def rank_processes(out: Path) -> list[psutil.Process]:
