@@ -12,7 +12,9 @@ the processes: several ranks are joined by torch's DDP, one is a single process)
 
 Both train by nanoGPT's recipe: fp32 weights under bf16 autocast where the DeepSpeed config
 runs bf16 (fp32 otherwise: fp16 would need a loss scaler, so an fp16 table runs these in fp32),
-the loss on the full logits upcast to fp32, torch's AdamW (fused on CUDA) with weight decay on
+the loss on the full logits upcast to fp32 taken inside the model (nanoGPT's
+`model(idx, targets)`, GPT2LMHeadModel's `labels=`), so that a compiled model fuses it with the
+head, torch's AdamW (fused on CUDA) with weight decay on
 matrices only, gradients clipped, TF32 on CUDA, and `torch.compile` where inductor pays off
 (CUDA; on CPU by `--compile on`: a minute's compile per launch). The lr (constant, as the HF
 Trainer's), betas, eps, weight decay, clipping, micro-batch and accumulation are those of the
@@ -117,13 +119,18 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):  # GPT-2's smaller init of what joins the residual
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * s.n_layer))
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, vocab_size) logits."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, vocab_size) logits; with (B, T) `targets`, the loss on
+        them instead, computed here as nanoGPT's `GPT.forward(idx, targets)` does, so that
+        `torch.compile` of the model fuses the head, the fp32 upcast and the cross-entropy."""
         pos = torch.arange(idx.shape[1], device=idx.device)  # (T,)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         for block in self.h:
             x = block(x)
-        return self.lm_head(self.ln_f(x))  # (B, T, V)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits
+        return cross_entropy(logits, targets)
 
 
 def _init(m: nn.Module) -> None:
@@ -134,11 +141,20 @@ def _init(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
-def causal_lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """GPT2LMHeadModel's loss on the same windows: position t predicts token t + 1 and the last
-    position nothing; cross-entropy on the full logits (B, T, V) upcast to fp32."""
-    targets = F.pad(ids[:, 1:], (0, 1), value=IGNORED)  # (B, T)
+def shifted_targets(ids: torch.Tensor) -> torch.Tensor:
+    """GPT2LMHeadModel's targets on the same windows: position t predicts token t + 1 and the
+    last position nothing. (B, T) -> (B, T)."""
+    return F.pad(ids[:, 1:], (0, 1), value=IGNORED)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on the full logits (B, T, V) upcast to fp32, as nanoGPT's model takes it."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORED)
+
+
+def causal_lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """GPT2LMHeadModel's loss of `logits` on the windows `ids`."""
+    return cross_entropy(logits, shifted_targets(ids))
 
 
 def build(args: argparse.Namespace) -> tuple[nn.Module, LossOf]:
@@ -147,7 +163,14 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, LossOf]:
         return gpt2(args), lambda model, ids: model(input_ids=ids, labels=ids).loss
     torch.manual_seed(args.seed)
     shape = GPTShape(args.n_layer, args.n_head, args.n_embd, args.block_size)
-    return GPT(shape), lambda model, ids: causal_lm_loss(model(ids), ids)
+    return GPT(shape), lambda model, ids: model(ids, shifted_targets(ids))  # loss inside
+
+
+# where each model takes its loss: inside the module `torch.compile` wraps, for both
+LOSS_TAKEN = {
+    "nanogpt": "loss inside the model (nanoGPT's forward(idx, targets))",
+    "hf": "loss inside the model (GPT2LMHeadModel's labels=)",
+}
 
 
 @dataclass
@@ -176,14 +199,15 @@ class Recipe:
             fused=cuda,
         )
 
-    def note(self, world: int, fp16: bool) -> str:
+    def note(self, world: int, fp16: bool, model: str) -> str:
         """How the row ran, for the table's reader."""
         precision = "bf16 autocast" if self.bf16 else "fp32"
         if fp16:
             precision += " (not fp16: it would need a loss scaler)"
         compiled = "torch.compile" if self.compiled else "eager (--plain_compile on compiles)"
         ranks = f"DDP over {world} ranks" if world > 1 else "one process"
-        return f"{precision}, {compiled}, {'fused' if self.fused else 'torch'} AdamW, {ranks}"
+        adam = f"{'fused' if self.fused else 'torch'} AdamW"
+        return f"{precision}, {compiled}, {LOSS_TAKEN[model]}, {adam}, {ranks}"
 
 
 @dataclass
@@ -294,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if where.rank == 0:
         cuda = where.device.type == "cuda"
         gpu = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-        note = recipe.note(where.world, fp16=ds.get("fp16", {}).get("enabled", False))
+        note = recipe.note(where.world, ds.get("fp16", {}).get("enabled", False), args.model)
         Path(args.times).write_text(json.dumps({"times": times, "peak_gpu_gib": gpu, "note": note}))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

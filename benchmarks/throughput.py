@@ -16,7 +16,8 @@ Rows, each a real `deepspeed --num_gpus RANKS` launch:
   fp32" "HF Trainer"` is issue 24's mixed-precision table);
 - the HF Trainer and a bare loop around `deepspeed.initialize` (benchmarks/peer_trainers.py);
 - the anchor, plain PyTorch without DeepSpeed by nanoGPT's recipe (benchmarks/plain_loop.py):
-  a minimal GPT-2 written there, and GPT2LMHeadModel; bf16 autocast in a bf16 table, fused
+  a minimal GPT-2 written there, and GPT2LMHeadModel, each taking its loss inside the model
+  that torch.compile wraps (nanoGPT's `model(idx, targets)`); bf16 autocast in a bf16 table, fused
   AdamW and torch.compile on GPUs (compiled on CPU by `--plain_compile on`), DDP over the
   ranks. Under each table: gpt_ds's tokens/s as a multiple of the fastest of them, and how
   each ran.

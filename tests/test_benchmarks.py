@@ -53,8 +53,11 @@ def test_throughput_benchmark_prints_every_row(shakespeare_dir, tmp_path):
     # the anchor: gpt_ds against the faster plain PyTorch loop, and how each ran (CPU: eager)
     anchor = r"^- gpt_ds: [\d.]+× the tokens/s of the fastest plain loop, plain PyTorch \("
     assert re.search(anchor, proc.stdout, re.M), proc.stdout
-    note = "fp32, eager (--plain_compile on compiles), torch AdamW, DDP over 2 ranks"
-    assert all(f"- {row}: {note}" in proc.stdout for row in ROWS[-2:]), proc.stdout
+    eager, ddp = "fp32, eager (--plain_compile on compiles)", "torch AdamW, DDP over 2 ranks"
+    losses = ["nanoGPT's forward(idx, targets)", "GPT2LMHeadModel's labels="]
+    for row, loss in zip(ROWS[-2:], losses, strict=True):
+        note = f"{eager}, loss inside the model ({loss}), {ddp}"
+        assert f"- {row}: {note}" in proc.stdout, proc.stdout
 
 
 @pytest.mark.slow

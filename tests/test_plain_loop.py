@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
-from plain_loop import GPT, PADDED_VOCAB, GPTShape, causal_lm_loss
+from plain_loop import GPT, PADDED_VOCAB, GPTShape, causal_lm_loss, shifted_targets
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.loss.loss_utils import ForCausalLMLoss
 
@@ -49,5 +49,7 @@ def test_its_loss_is_gpt2lmheadmodels_and_about_ln_vocab_at_init():
     for bf16 in (False, True):
         with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
             loss = causal_lm_loss(model(ids), ids)
-        assert loss.dtype == torch.float32  # the logits upcast, as GPT2LMHeadModel does
+            inside = model(ids, shifted_targets(ids))  # nanoGPT's: the loss inside the model
+        assert loss.dtype == inside.dtype == torch.float32  # the logits upcast, as HF does
+        assert torch.equal(inside, loss)
         assert math.isfinite(loss.item()) and abs(loss.item() - math.log(PADDED_VOCAB)) < 0.05
