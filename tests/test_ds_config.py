@@ -86,6 +86,24 @@ def test_preset_validates_and_resolves(name, world_size):
     assert any(n.startswith("precision: fp32") for n in r.notes)
 
 
+@pytest.mark.parametrize("name", ["zero1", "zero2"])
+def test_overlap_comm_auto_is_off_on_one_rank_and_a_users_value_stands(name, tmp_path):
+    """The ZeRO-1/2 presets' "auto": off on one rank (nothing to overlap; on, DeepSpeed
+    synchronizes the device after every backward), on with several, said in a note; a user's
+    own config keeps its true."""
+    raw = load_ds_config(preset_path(name))
+    assert raw["zero_optimization"]["overlap_comm"] == "auto"
+    for world, on in ((1, False), (2, True), (8, True)):
+        r = resolve_ds_config(raw, run_settings(world_size=world), source=name)
+        assert r.config["zero_optimization"]["overlap_comm"] is on
+        assert f'overlap_comm: {str(on).lower()} (was "auto": ' in "\n".join(r.notes)
+    raw["zero_optimization"]["overlap_comm"] = True
+    mine = load_ds_config(write(tmp_path, raw))
+    r = resolve_ds_config(mine, run_settings(world_size=1), source="mine.json")
+    assert r.config["zero_optimization"]["overlap_comm"] is True
+    assert not any(n.startswith("overlap_comm") for n in r.notes)
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_resolved_preset_parses_in_deepspeed_config(name):
     """DeepSpeed's own config parser (pydantic models, batch assertion) accepts the result."""
@@ -157,7 +175,10 @@ def test_wrong_type(tmp_path):
         load_ds_config(write(tmp_path, cfg))
     msg = problems_of(e)
     assert "train_micro_batch_size_per_gpu: '4' is not of type 'integer'" in msg
-    assert "zero_optimization.overlap_comm: 'yes' is not of type 'boolean', 'null'" in msg
+    assert (
+        "zero_optimization.overlap_comm: 'yes' is not of type 'boolean' or of type 'null' or "
+        'the string "auto"'
+    ) in msg
 
 
 def test_stage_4(tmp_path):

@@ -110,6 +110,7 @@ def resolve_ds_config(
     lr, min_lr, warmup = fill_optimizer_and_schedule(r)
     grad_clip = r.grad_clip()
     r.zero_sizes()
+    r.overlap_comm()
     r.monitors()
     r.host_syncs()
     r.leftover_autos()
@@ -310,6 +311,23 @@ class _Resolver:
             sizes = ", ".join(f"{k} {zero[k]:,}" for k in keys)
             why = "the model's width is unknown here: the presets' sizes"
         self.notes.append(f'ZeRO sizes (were "auto"): {sizes}; {why}')
+
+    def overlap_comm(self) -> None:
+        """`overlap_comm: "auto"` (the ZeRO-1/2 presets): on one rank there is no reduction to
+        overlap with backward, and with it on DeepSpeed synchronizes the device at the end of
+        every backward (stage_1_and_2.py, on GPUs only): off there, on with several ranks. A
+        true or false in the config stands."""
+        zero = self.ds_config.get("zero_optimization") or {}
+        if zero.get("overlap_comm") != "auto":
+            return
+        ranks = self.run.world_size
+        zero["overlap_comm"] = ranks > 1
+        why = (
+            f"{ranks} ranks: gradient reduction overlaps backward"
+            if ranks > 1
+            else "one rank: nothing to overlap, and no device synchronize after backward"
+        )
+        self.notes.append(f'overlap_comm: {str(ranks > 1).lower()} (was "auto": {why})')
 
     # -- monitors and leftovers ----------------------------------------------------------------
 
