@@ -35,6 +35,7 @@ from support.launch import launch_env, run_deepspeed  # noqa: E402
 from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
 from gpt_ds.model.chunked_loss import CHUNKS_ENV  # noqa: E402
+from gpt_ds.observe.host_syncs import CPU_SKIPPED  # noqa: E402
 from gpt_ds.observe.step_ops import PHASES, StepOps, count_step_ops  # noqa: E402
 
 ROWS = ("gpt_ds", "gpt_ds --loss full", "DeepSpeed's bf16 defaults")
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     print("host syncs by phase and kind:")
     print(sync_sources(results))
+    print(f"not in a CPU trace (DeepSpeed does it on GPUs only): {CPU_SKIPPED}")
     return 0
 
 

@@ -91,29 +91,34 @@ def test_step_ops_counts_leaves_by_phase(tmp_path):
     assert set(ops.by_sync) == {"step: item", "step: tolist"}
 
 
-# DeepSpeed 0.19's ZeRO-1/2 step, per parameter group (gpt_ds passes two: decayed or not):
-# masked_fill_ with a tensor value in its gradient norm (`.item()` in ATen, GPUs too) and
-# `bool()` in its clipping; torch's AdamW on CPU ranks reads its step count (`.item()`; on a
-# GPU the fused kernel reads it on the device). Nothing else, per step.
-NAMED_STEP_SYNCS = {"step: item/bool": 2, "step: __bool__": 2, "step: item": 2}
+# Per optimizer step, with DeepSpeed's ZeRO-1/2 step made sync-free (training/ds_syncs.py): only
+# torch's AdamW on CPU ranks reading its step count, per parameter group (gpt_ds passes two:
+# decayed or not); a GPU's fused AdamW keeps it on the device. DeepSpeed's own step made 4 more
+# (a masked_fill_ with a tensor value and a bool() in the clip, per group; test_ds_syncs).
+NAMED_STEP_SYNCS = {"step: item in torch's optimizer": 2}
 
 
 @pytest.mark.slow
-def test_a_profiled_step_syncs_only_inside_deepspeed(shakespeare_dir, tmp_path):
-    """A bf16 ZeRO-2 run, one rank, profiled at steps 3-5 with log lines every 10 steps:
-    forward, loss, backward and the trainer's bookkeeping make no host sync; DeepSpeed's step
-    makes only the named ones."""
+@pytest.mark.parametrize("preset, precision", [("zero2", "bf16"), ("zero1", "fp32")])
+def test_a_profiled_step_syncs_only_inside_torchs_optimizer(
+    preset, precision, shakespeare_dir, tmp_path
+):
+    """A run on one rank, profiled at steps 3-5 with log lines every 10 steps: forward, loss,
+    backward, DeepSpeed's step and the trainer's bookkeeping make no host sync; overlap_comm
+    resolves off on one rank (on a GPU, DeepSpeed's device synchronize after backward)."""
     out = tmp_path / "run"
     args = [
-        "--deepspeed_config", "zero2", "--model", "gpt2-tiny", "--n_layer", "2",
-        "--block_size", "64", "--micro_batch_size", "2", "--precision", "bf16",
+        "--deepspeed_config", preset, "--model", "gpt2-tiny", "--n_layer", "2",
+        "--block_size", "64", "--micro_batch_size", "2", "--precision", precision,
         "--max_iters", "6", "--warmup_iters", "2", "--eval_interval", "0", "--eval_iters", "1",
         "--data_dir", str(shakespeare_dir), "--out_dir", str(out), "--profile",
         "--no_checkpoint",
     ]  # fmt: skip
     stdout = run_deepspeed(args, num_gpus=1).stdout
     assert "per optimizer step (rank 0):" in stdout
+    assert "host syncs: DeepSpeed's ZeRO step without its per-group syncs" in stdout
+    assert 'overlap_comm: false (was "auto": one rank' in stdout
     ops = count_step_ops(next((out / "profile").glob("rank0.*.json")))
     per_step = {kind: ops.per_step(n) for kind, n in ops.by_sync.items()}
     assert per_step == NAMED_STEP_SYNCS, per_step
-    assert ops.local_scalar_per_step == 6
+    assert ops.local_scalar_per_step == 2

@@ -5,7 +5,14 @@ A GPU runs ahead of the host only while nothing asks for a device value: `.item(
 and the GPU then idles while the host launches the next ones. torch.profiler shows `.item()`
 and `bool()` (`aten::_local_scalar_dense`) but not `.tolist()`, `.cpu()` or a synchronize;
 `SyncMarks` wraps each such call in a `host_sync::<kind>` range so the trace holds them all,
-in the phase that made them. On CPU ranks the calls are counted as a GPU would pay them.
+in the phase that made them; also `torch.tensor(value, device=...)`, a blocking host-to-device
+copy on a GPU (torch waits for the stream after a pageable copy). On CPU ranks the calls are
+counted as a GPU would pay them.
+
+What no CPU trace can show, because DeepSpeed does it only on GPUs (CPU_SKIPPED): ZeRO-1/2 with
+`overlap_comm` on synchronizes the device at the end of every backward
+(`independent_gradient_partition_epilogue`, skipped where the accelerator
+`resolves_data_dependency()`, as the CPU accelerator does).
 """
 
 from __future__ import annotations
@@ -18,6 +25,11 @@ from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
 
 SYNC_PREFIX = "host_sync::"
+TENSOR_TO_DEVICE = "tensor(device=)"  # the kind of a marked torch.tensor(..., device=...)
+CPU_SKIPPED = (
+    "device synchronize at the end of each backward: DeepSpeed's ZeRO-1/2 with overlap_comm on "
+    "GPUs (gpt_ds's presets leave overlap_comm off on one rank)"
+)
 # Tensor methods that copy a device value to the host and so wait for the device
 SYNC_METHODS = frozenset(
     {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy"}
@@ -42,6 +54,9 @@ class SyncMarks(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in SYNC_METHODS or (name == "to" and _to_host(args, kwargs)):
             with record_function(SYNC_PREFIX + name):
+                return func(*args, **kwargs)
+        if func is torch.tensor and kwargs.get("device") is not None:
+            with record_function(SYNC_PREFIX + TENSOR_TO_DEVICE):
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
 

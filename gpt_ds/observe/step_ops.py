@@ -34,6 +34,10 @@ NO_KERNEL = frozenset("aten::" + name for name in (
     "lift_fresh", "_has_compatible_shallow_copy_type",
 ))
 # fmt: on
+# torch's own optimizer step: on CPU ranks its AdamW reads its step count (`.item()`); a GPU's
+# fused or foreach AdamW keeps it on the device. Syncs inside are named apart.
+TORCH_OPTIMIZER = "Optimizer.step#"
+TORCH_OPTIMIZER_NOTE = " in torch's optimizer"
 STEPS_IN_NAME = re.compile(r"\.steps(\d+)-(\d+)\.json$")
 
 
@@ -125,21 +129,26 @@ def count_step_ops(trace_path: Path, steps: int | None = None) -> StepOps:
             kind = "item/bool"
         if kind is not None and not _inside_marked_sync(e, events):
             phase = _phase_of(e["ts"], phases)
+            if _inside(e, events, TORCH_OPTIMIZER):
+                kind += TORCH_OPTIMIZER_NOTE
             result.syncs[phase] += 1
             result.by_sync[f"{phase}: {kind}"] += 1
     return result
 
 
-def _inside_marked_sync(event: dict, events: list[dict]) -> bool:
-    """A `_local_scalar_dense` made by a marked `.item()`: the same sync, counted once."""
-    if event["name"] != LOCAL_SCALAR:
-        return False
+def _inside(event: dict, events: list[dict], prefix: str) -> bool:
+    """Whether `event` starts inside a range named `prefix...` on its thread."""
     return any(
-        e["name"].startswith(SYNC_PREFIX)
+        e["name"].startswith(prefix)
         and e.get("tid") == event.get("tid")
         and e["ts"] <= event["ts"] < e["ts"] + e["dur"]
         for e in events
     )
+
+
+def _inside_marked_sync(event: dict, events: list[dict]) -> bool:
+    """A `_local_scalar_dense` made by a marked `.item()`: the same sync, counted once."""
+    return event["name"] == LOCAL_SCALAR and _inside(event, events, SYNC_PREFIX)
 
 
 def step_ops_table(ops: StepOps, top: int = 8) -> str:

@@ -33,6 +33,7 @@ from gpt_ds.run.init_source import (
 )
 from gpt_ds.run.plan import RunPlan
 from gpt_ds.training.compile_model import compile_engine, wants_compile
+from gpt_ds.training.ds_syncs import make_sync_free
 
 
 def build_engine(plan: RunPlan):
@@ -67,6 +68,8 @@ def build_engine(plan: RunPlan):
         config=ds.config,
         lr_scheduler=_own_scheduler(cfg, ds, plan.length.decay_iters),
     )
+    if line := make_sync_free(engine, ds.precision):
+        dist.print0(line)
     if wants_compile(cfg.compile, dist.device().type):
         dist.print0(compile_engine(engine, dist.device().type))
     return engine
