@@ -198,3 +198,35 @@ def test_the_benchmark_group_is_exactly_the_modules_that_run_a_benchmark():
         if runs_one != ("pytestmark = pytest.mark.bench" in text):
             wrong.append(path.name)
     assert wrong == [], f"bench marker and run_benchmark disagree in {wrong}"
+
+
+# A file name in a docstring or comment: a module or script path (`run/plan.py`, `plan.py`)
+NAMED_FILE = re.compile(r"(?<![\w./-])([a-z][\w/]*/)?([a-z_0-9]+\.py)\b")  # not `tools/X.py`
+# files of other projects the code names, with the project on the same line
+OTHER_PROJECTS = ("llama.cpp", "convert_hf_to_gguf", "nanoGPT")
+
+
+def python_files_of(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (REPO / folder).rglob("*.py"))
+
+
+def test_every_file_the_code_names_exists():
+    """Docstrings and comments of gpt_ds/, benchmarks/ and tools/ name modules that exist: in
+    this repository (a path's tail is enough: `run/plan.py`, `plan.py`) or in DeepSpeed,
+    transformers, torch or tiktoken as installed, or with the other project named on the line."""
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    known = [str(p.relative_to(REPO)) for p in python_files_of("gpt_ds", "benchmarks", "tools",
+                                                               "tests")]  # fmt: skip
+    for package in ("deepspeed", "transformers", "torch", "tiktoken_ext"):
+        known += [str(p.relative_to(site)) for p in (site / package).rglob("*.py")]
+    missing = []
+    for path in python_files_of("gpt_ds", "benchmarks", "tools"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if any(project in line for project in OTHER_PROJECTS):
+                continue
+            for name in ("".join(found) for found in NAMED_FILE.findall(line)):
+                if not any(k == name or k.endswith("/" + name) for k in known):
+                    missing.append(f"{path.relative_to(REPO)}:{n}: {name}")
+    assert missing == []

@@ -1,7 +1,7 @@
 """The memory model against live DeepSpeed engines: what each rank really holds.
 
 Two CPU ranks train a tiny GPT-2 (gpt2-tiny: 4 layers, 128 wide, vocab 50257) for two steps
-under each stage and precision (tests/measure_model_states.py, one launch for all configs).
+under each stage and precision (tests/scripts/measure_model_states.py, one launch for all configs).
 Each rank measures its parameter, gradient and optimizer-state tensors after backward and from
 inside the optimizer step, and compares them with gpt_ds.memory.estimate_run's prediction for
 that rank. The embedding is 89% of this model, so the whole-tensor effects the model encodes

@@ -3,7 +3,7 @@
     --data_dir web:0.7 --data_dir books:0.3      # 70% / 30% of the training sequences
     --data_dir web --data_dir books              # in proportion to their train tokens
 
-`DataMix` holds the sources (each a checked `TokenData`; data_spec.py parses the flag), their
+`DataMix` holds the sources (each a checked `TokenData`; spec.py parses the flag), their
 names (the folder names) and normalised weights. `MixtureWindows` extends the per-sequence
 stream of data.TrainWindows: sequence i of a rank's stream takes its source from a second word
 of the same Philox block that places its window, so the draw is reproducible, independent of

@@ -6,7 +6,7 @@
 
 Every "auto" a config written for the Hugging Face Trainer may hold is filled as the Trainer's
 integration fills it (ds_configs/README.md, "Configs written for the HF Trainer"); the optimizer
-and LR-schedule sections are ds_schedule.py's. Everything here is pure Python (no process group,
+and LR-schedule sections are schedule.py's. Everything here is pure Python (no process group,
 no model), so a bad config or batch arithmetic fails in a second, before DeepSpeed starts.
 DeepSpeed's own validation is partial: it ignores a misspelled top-level section and coerces "2"
 to 2; the schema rejects both.

@@ -194,7 +194,7 @@ def _adam_hyperparameters(r: Filling, kind: str, params: dict) -> None:
 
 
 def _choose_adam(r: Filling, optimizer: dict) -> None:
-    """Adam(W) becomes the implementation this machine can run (optimizer_choice.py): torch's
+    """Adam(W) becomes the implementation this machine can run (optimizer.py): torch's
     AdamW on CPU ranks and on GPUs where DeepSpeed's FusedAdam could not be built."""
     if optimizer.get("type", "").lower() not in ("adam", "adamw"):
         return

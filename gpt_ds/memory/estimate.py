@@ -239,7 +239,7 @@ def _cpu_per_node(
 ) -> _NodeCpu:
     """One node's CPU memory from one rank's CPU components: the larger of the start-up fp32
     model and the offloaded states. Below ZeRO-3 every rank builds the whole model before
-    deepspeed.initialize; under ZeRO-3 it is built partitioned (model_zero3.py), one module
+    deepspeed.initialize; under ZeRO-3 it is built partitioned (model/zero3.py), one module
     at a time whole on the host, as DeepSpeed's own estimator counts `zero_init`."""
     built = largest_module_params(shape) if zero_init else shape.num_params()
     startup = 4 * built * ranks_per_node

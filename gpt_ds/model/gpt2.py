@@ -182,7 +182,7 @@ def build_model(
     also computes the loss without the full logits (see `lm_loss`). `init_from` other than
     "scratch" is passed to `from_pretrained`; the hub is only reached where the machine can,
     so offline clusters pass a local directory. With a ZeRO-3 DeepSpeed config the model is
-    built partitioned (model_zero3.py): no rank ever holds it whole.
+    built partitioned (zero3.py): no rank ever holds it whole.
     """
     from transformers import GPT2LMHeadModel
 

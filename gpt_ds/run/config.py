@@ -1,7 +1,7 @@
 """The run's configuration: one dataclass, the command line generated from it, and validation.
 
 Every field's help is its `--help` text (gpt_ds/base/cli.py turns the dataclass into the parser).
-`RunSettings` is the part of it the DeepSpeed config depends on (ds_config.py fills "auto"
+`RunSettings` is the part of it the DeepSpeed config depends on (dsconfig/resolve.py fills "auto"
 from it); `RunSettings.problems` is the one check of those values. `validate()` collects every
 problem and raises once, so a user fixes them all in one go, before any rank builds a model.
 """

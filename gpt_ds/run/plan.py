@@ -61,7 +61,7 @@ class RunPlan:
     resume: CheckpointRef | None  # the checked checkpoint to continue from, if any
     init: InitSource  # the first weights of a run that does not resume (--init_from)
     estimate: MemoryEstimate  # predicted per-rank memory, checked against the machine
-    run_id: str = ""  # this launch, in every metrics record and checkpoint (run_lock.py)
+    run_id: str = ""  # this launch, in every metrics record and checkpoint (run/lock.py)
 
     def record(self) -> dict[str, Any]:
         """The computed values a checkpoint's manifest keeps beside the run config."""
@@ -196,7 +196,7 @@ def check_machine(cfg: RunConfig, ds: ResolvedDsConfig, shape: ModelShape) -> Me
 
 
 def claim_out_dir(plan: RunPlan) -> tuple[RunLock | None, RunPlan]:
-    """Rank 0 takes the out dir's lock (run_lock.py) before any rank writes there; every rank
+    """Rank 0 takes the out dir's lock (run/lock.py) before any rank writes there; every rank
     gets the outcome: the same OutDirBusy, or the plan with this launch's run id."""
     lock, error = None, None
     if dist.is_main():

@@ -85,7 +85,7 @@ def make_sync_free(engine: Any, precision: str) -> str:
     import deepspeed
     from deepspeed.runtime.zero import stage_1_and_2
 
-    optimizer = getattr(engine, "optimizer", None)
+    optimizer: Any = getattr(engine, "optimizer", None)
     zero_1_or_2 = isinstance(optimizer, stage_1_and_2.DeepSpeedZeroOptimizer)
     checks = bool(getattr(optimizer, "check_grad_overflow", False))
     install, line = sync_free_plan(zero_1_or_2, precision, checks, deepspeed.__version__)
