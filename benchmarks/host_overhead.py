@@ -74,9 +74,11 @@ def measure(args: argparse.Namespace, row: str, data: str, work: Path) -> StepOp
 
 def table(results: dict[str, StepOps]) -> str:
     head = (
-        "| row | " + " | ".join(PHASES) + " | kernel launches | host syncs | of which item/bool |"
+        "| row | "
+        + " | ".join(PHASES)
+        + " | kernel launches | strict leaves | host syncs | of which item/bool |"
     )
-    lines = [head, "|---" * (len(PHASES) + 4) + "|"]
+    lines = [head, "|---" * (len(PHASES) + 5) + "|"]
     for row, ops in results.items():
         cells = [f"{ops.per_step(ops.launches[p]):.0f} / {ops.per_step(ops.syncs[p]):.0f}"
                  for p in PHASES]  # fmt: skip
