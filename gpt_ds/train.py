@@ -43,9 +43,6 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_run(cfg)
     except GptDsError as exc:
         return refuse(exc)
-    if done := finished(plan):  # a requeued job whose run ended: nothing written
-        dist.print0(done)
-        return 0
     if plan.cfg.hang_timeout != 0:  # NCCL's flight recorder dumps next to the hang's stacks
         os.environ.update(flight_recorder_env(plan.cfg.out_dir, os.environ))
     dist.init()
@@ -56,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             plan = verify_resume(plan)
         except GptDsError as exc:
             return refuse(exc)
+        if done := finished(plan):  # a requeued job whose run had ended: nothing to train
+            dist.print0(done)
+            return 0
         return Trainer(plan).run()
     except GptDsError as exc:
         logs.whole_line(f"[rank {dist.rank()}] error: {exc}", sys.stderr)

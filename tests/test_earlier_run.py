@@ -7,7 +7,7 @@ again, continuing exactly) is test_faults' SIGTERM-to-`deepspeed` test.
 
 Real runs: copies of the session's finished ZeRO-2 run (conftest.stage_run: iter_10, iter_20,
 final at 24, `latest`, metrics.jsonl), launched on 2 ranks where the issue's reproduction needs
-it, else planned in this process (`gpt_ds.train.main` returns before any process group)."""
+it, else one process, or planned in this process."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 from helpers.files import file_hashes
-from support.launch import STAGE_RUN_ITERS, run_deepspeed, tiny_run_args
+from support.launch import STAGE_RUN_ITERS, TRAIN, run_deepspeed, run_python, tiny_run_args
 
-from gpt_ds import train
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.run.config import parse_args, validate
 from gpt_ds.run.earlier_run import OutDirHasRun
@@ -61,20 +60,19 @@ def test_a_relaunch_without_resume_leaves_a_finished_run_byte_identical(finished
 
 @pytest.mark.slow
 def test_resume_auto_on_a_finished_run_trains_nothing_and_past_it_is_refused(
-    finished, shakespeare_dir, capsys
+    finished, shakespeare_dir
 ):
-    """The same command requeued with --resume auto: the newest checkpoint is the run's last
-    step, so it exits 0 saying so, writing nothing; a shorter run than that checkpoint is
-    refused (exit 2), naming the lengths."""
+    """The same command requeued with --resume auto (one process): the newest checkpoint,
+    verified, is the run's last step, so it exits 0 saying so, having written nothing; a
+    shorter run than that checkpoint is refused before any work, naming the lengths."""
     before = file_hashes(finished)
     argv = stage_args(shakespeare_dir, finished, resume="auto", grad_accum=2)
-    assert train.main(argv) == 0
-    out = capsys.readouterr().out
+    out = run_python([str(TRAIN), *argv]).stdout
+    assert "checkpoint: final verified" in out
     assert f"nothing to train: {finished}/final is at iteration 24, the run's last" in out
-    assert train.main([*argv, "--max_iters", "4"]) == 2
-    err = capsys.readouterr().err
-    assert f"{finished}/final is at iteration 24, past this run's 4 iterations" in err
     assert file_hashes(finished) == before
+    with pytest.raises(ConfigError, match="is at iteration 24, past this run's 4 iterations"):
+        plan_run(parse_args([*argv, "--max_iters", "4"]))
 
 
 @pytest.mark.slow

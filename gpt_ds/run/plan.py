@@ -237,6 +237,7 @@ def resume_instead(plan: RunPlan, ref: CheckpointRef) -> RunPlan:
     """`plan` continuing from `ref`, an older tag of its out dir, once `ref`'s own checks pass;
     nothing else is planned again (length, data, memory: the run's own, as planned)."""
     check_model(ref, asdict(plan.shape))
+    check_not_past(ref, plan.length)
     world, ds = dist.world_size(), plan.ds
     universal = needs_universal(ref.manifest, world)
     if plan.resume is None or universal != needs_universal(plan.resume.manifest, world):
@@ -291,9 +292,9 @@ def check_not_past(resume: CheckpointRef | None, length: RunLength) -> None:
 
 
 def finished(plan: RunPlan) -> str | None:
-    """Why the checkpoint a run resumes leaves nothing to train (it is the run's last step), or
-    None. A requeued job whose run ended exits 0 on this, writing nothing. (A `final` its early
-    stop ended, earlier, is continued: its next evaluation stops it again.)"""
+    """Why the verified checkpoint a run resumes leaves nothing to train (it is the run's last
+    step), or None. A requeued job whose run ended exits 0 on this, having written nothing. (A
+    `final` its early stop ended, earlier, is continued: its next evaluation stops it again.)"""
     ref = plan.resume
     if ref is None or ref.manifest.iteration != plan.length.max_iters:
         return None
