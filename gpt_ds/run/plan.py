@@ -88,8 +88,8 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     run from the run's own decisions down to the checks against checkpoint and machine;
     `cfg` is read, never rewritten."""
     validate(cfg)
+    init, shape = model_source(cfg)  # first: --init_from naming this out dir says so
     resume = resume_checkpoint(cfg, damaged)
-    init, shape = model_source(cfg)
     if resume is not None:  # the run keeps the checkpoint's model, vocabulary padding included
         shape = checkpoint_vocab(shape, resume.manifest.model)
         check_model(resume, asdict(shape))
