@@ -32,7 +32,7 @@ from support.timed_runs import (  # noqa: E402
 )
 from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
-from gpt_ds.memory import activation_bytes  # noqa: E402
+from gpt_ds.memory.estimate import activation_bytes  # noqa: E402
 from gpt_ds.model.gpt2 import MODEL_PRESETS, ModelShape  # noqa: E402
 
 OFF, ON = "gpt_ds", "gpt_ds --activation_checkpointing"

@@ -41,7 +41,8 @@ from support.launch import launch_env, run_deepspeed  # noqa: E402
 from support.peak_rss import status_bytes  # noqa: E402
 from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
-from gpt_ds.checkpoint import Manifest, latest_tag  # noqa: E402
+from gpt_ds.checkpoint.manifest import Manifest  # noqa: E402
+from gpt_ds.checkpoint.tags import latest_tag  # noqa: E402
 from gpt_ds.model.gpt2 import MODEL_PRESETS, unpadded  # noqa: E402
 
 GPT_DS = "gpt_ds tools/zero_to_fp32.py"

@@ -34,7 +34,7 @@ from support.peak_rss import run_watched  # noqa: E402
 from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
 from gpt_ds.base.errors import ConfigError  # noqa: E402
-from gpt_ds.memory import GiB, MemoryEstimate  # noqa: E402
+from gpt_ds.memory.estimate import GiB, MemoryEstimate  # noqa: E402
 from gpt_ds.memory.guard import check_fits, device_memory_bytes, node_ram_bytes  # noqa: E402
 from gpt_ds.model.gpt2 import MODEL_PRESETS  # noqa: E402
 from gpt_ds.observe.metrics import read_metrics  # noqa: E402

@@ -56,7 +56,7 @@ from support.timed_runs import (  # noqa: E402
 from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
 from gpt_ds.model.gpt2 import MODEL_PRESETS, ModelShape, flops_per_token  # noqa: E402
-from gpt_ds.observe.peak_flops import resolve_peak  # noqa: E402
+from gpt_ds.observe.metrics import resolve_peak  # noqa: E402
 
 REFERENCE = "HF Trainer"
 FP32_ROW = "gpt_ds --precision fp32"  # in a table of another precision only

@@ -27,8 +27,8 @@ warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", Fu
 
 # (E402 is off for this file in pyproject.toml: these imports must follow the sys.path fix)
 from gpt_ds.base import dist, logs
+from gpt_ds.base.dist import adopt_launcher_world
 from gpt_ds.base.errors import GptDsError
-from gpt_ds.base.launcher_world import adopt_launcher_world
 from gpt_ds.observe.watchdog import flight_recorder_env
 from gpt_ds.run.config import parse_args
 from gpt_ds.run.plan import claim_out_dir, finished, plan_run, verify_resume

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.checkpoint import Manifest, complete_tags, is_checkpoint_dir, resolve
 from gpt_ds.checkpoint.batch import Batch, check_batch
-from gpt_ds.checkpoint.tags import partial_dirs
+from gpt_ds.checkpoint.manifest import Manifest
+from gpt_ds.checkpoint.tags import complete_tags, is_checkpoint_dir, partial_dirs, resolve
 
 SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32, "vocab_size": 50257}
 

@@ -14,7 +14,7 @@ from support.runs import train_losses, val_losses
 
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.run.config import parse_args
-from gpt_ds.training.compile_model import compile_blocker, compile_engine, wants_compile
+from gpt_ds.training.engine_build import compile_blocker, compile_engine, wants_compile
 
 
 def test_no_cpp_compiler_is_named(monkeypatch):

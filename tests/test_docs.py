@@ -24,10 +24,10 @@ from gpt_ds.dsconfig.resolve import (
     DEFAULT_GRAD_ACCUM,
     DEFAULT_MICRO_BATCH,
     FLAG_DEFAULTS,
+    RunSettings,
     resolve_ds_config,
 )
 from gpt_ds.dsconfig.schema import load_ds_config
-from gpt_ds.dsconfig.settings import RunSettings
 from gpt_ds.run.config import RunConfig, build_parser
 
 REPO = Path(__file__).resolve().parents[1]

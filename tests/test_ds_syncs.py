@@ -1,4 +1,4 @@
-"""gpt_ds/training/ds_syncs.py against DeepSpeed's own functions it replaces: the same values
+"""gpt_ds/training/engine_build.py against DeepSpeed's own functions it replaces: the same values
 on finite, inf, NaN and negative (the -1 sentinel) norms, with no host sync where DeepSpeed's
 make one; which runs get it, said in one line. A real run's step is test_host_syncs'."""
 
@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from gpt_ds.observe.host_syncs import SYNC_PREFIX, marking_syncs
 from gpt_ds.observe.step_ops import LOCAL_SCALAR
-from gpt_ds.training.ds_syncs import (
+from gpt_ds.training.engine_build import (
     CHECKED,
     invalid_norm_unread,
     mask_invalid_norm,

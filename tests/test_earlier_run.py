@@ -1,4 +1,4 @@
-"""A launch never replaces another run's output (gpt_ds/run/earlier_run.py): without `--resume`,
+"""A launch never replaces another run's output (gpt_ds/run/lock.py): without `--resume`,
 an out dir holding a run is refused before any work, every file of it left byte-identical;
 `--resume auto` starts an empty out dir, continues the newest complete checkpoint, trains
 nothing (exit 0, nothing written) when that checkpoint is the run's last step, and refuses an
@@ -21,8 +21,7 @@ from support.launch import STAGE_RUN_ITERS, TRAIN, run_deepspeed, run_python, ti
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.run.config import parse_args, validate
-from gpt_ds.run.earlier_run import OutDirHasRun
-from gpt_ds.run.lock import LOCK_NAME, LockOwner
+from gpt_ds.run.lock import LOCK_NAME, LockOwner, OutDirHasRun
 from gpt_ds.run.plan import plan_run
 
 

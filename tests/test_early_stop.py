@@ -11,7 +11,7 @@ from support.launch import REPO, run_deepspeed, run_python, tiny_run_args
 from support.runs import val_losses
 
 from gpt_ds.observe.metrics import read_metrics
-from gpt_ds.training.early_stop import EarlyStop
+from gpt_ds.training.trainer import EarlyStop
 
 
 def test_patience_counts_evaluations_without_a_large_enough_improvement():

@@ -16,9 +16,9 @@ import torch
 from support.launch import free_port, launch_env, remove_shm_buffers, run_python
 
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.checkpoint import Manifest, complete_tags
 from gpt_ds.checkpoint.checkpointer import Checkpointer, is_disk_error, is_peer_failure
-from gpt_ds.checkpoint.tags import CheckpointRef
+from gpt_ds.checkpoint.manifest import Manifest
+from gpt_ds.checkpoint.tags import CheckpointRef, complete_tags
 from gpt_ds.run.init_source import InitSource
 from gpt_ds.training import engine_build
 

@@ -20,7 +20,7 @@ Measured exit codes (DeepSpeed 0.19.8, local launch, recorded in the assertions 
 - SIGTERM to the launcher: every rank saves and exits 0, the launcher exits 1 anyway
   (its handler ends in `sys.exit(1)`);
 - SIGTERM to `deepspeed` itself is not forwarded on a local launch: it dies at once (status
-  -15). The ranks watch for that (gpt_ds/training/stop_request.py): they stop as for SIGTERM,
+  -15). The ranks watch for that (gpt_ds/training/trainer.py): they stop as for SIGTERM,
   save, exit 0, and the orphaned launcher exits 0 after them;
 - SIGINT to the whole process group (Ctrl-C): ranks save and exit 0; `deepspeed` dies of the
   KeyboardInterrupt at once, before the ranks finish saving.
@@ -489,7 +489,7 @@ def test_non_finite_training_stops_without_saving(
     """An absurd learning rate, two warm-up steps (the first two steps run at lr 0): the
     checkpoint at iteration 2 is good, then the weights blow up. At lr 1e30 the loss turns
     NaN; at 1e6 it stays finite (~1e12) while the gradients overflow. DeepSpeed's own fp32 step
-    would skip every such step silently; gpt_ds's sync-free one (training/ds_syncs.py) does not,
+    would skip every such step silently; gpt_ds's sync-free one (training/engine_build.py) does not,
     as bf16's does not (its overflow check off): gpt_ds reads the gradient norm. Either way the
     run stops naming iter_2 and saves nothing after it, though the loss and norm are read only
     at log lines and before evaluations and saves."""

@@ -25,9 +25,8 @@ from support.launch import run_deepspeed, tiny_run_args
 from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 
 from gpt_ds.base.errors import DataError
-from gpt_ds.checkpoint import Manifest
 from gpt_ds.checkpoint.batch import migrated_windows_state
-from gpt_ds.checkpoint.manifest import migrate
+from gpt_ds.checkpoint.manifest import Manifest, migrate
 from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.observe.metrics import read_metrics
 

@@ -91,7 +91,7 @@ def test_step_ops_counts_leaves_by_phase(tmp_path):
     assert set(ops.by_sync) == {"step: item", "step: tolist"}
 
 
-# Per optimizer step, with DeepSpeed's ZeRO-1/2 step made sync-free (training/ds_syncs.py): only
+# Per optimizer step, with DeepSpeed's ZeRO-1/2 step made sync-free (training/engine_build.py): only
 # torch's AdamW on CPU ranks reading its step count, per parameter group (gpt_ds passes two:
 # decayed or not); a GPU's fused AdamW keeps it on the device. DeepSpeed's own step made 4 more
 # (a masked_fill_ with a tensor value and a bool() in the clip, per group; test_ds_syncs).

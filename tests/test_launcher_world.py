@@ -1,4 +1,4 @@
-"""gpt_ds.base.launcher_world: ranks started by mpirun or srun (DeepSpeed's OpenMPI, MVAPICH and
+"""gpt_ds.base.dist: ranks started by mpirun or srun (DeepSpeed's OpenMPI, MVAPICH and
 Slurm runners set no RANK/WORLD_SIZE/MASTER_*) read their world from the launcher's variables.
 
 Each variable set below is the one that launcher gives a rank (OpenMPI 4 mpirun, MVAPICH2
@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 
 from gpt_ds.base import dist
-from gpt_ds.base import launcher_world as lw
+from gpt_ds.base.dist import LauncherWorldError, adopt_launcher_world, launcher_world
 from gpt_ds.base.errors import GptDsError
-from gpt_ds.base.launcher_world import LauncherWorldError, adopt_launcher_world, launcher_world
 
 MASTER = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 OPENMPI = {
@@ -44,11 +43,16 @@ SBATCH_SCRIPT = {
     "SLURM_NODEID": "0",
 }
 
+# every variable launcher_world reads
+LAUNCHER_VARIABLE_NAMES = tuple(
+    v for entry in dist.LAUNCHER_VARIABLES for v in entry[1:] if v is not None
+) + ("SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE")
+
 
 def launched_by(monkeypatch, launcher_env: dict[str, str]) -> None:
     """os.environ as a rank of that launcher sees it, restored after the test (each name is set
     first so that monkeypatch restores it even where the test's code sets it, as adopt does)."""
-    for name in (*lw.LAUNCHER_VARIABLE_NAMES, "RANK", "WORLD_SIZE", "LOCAL_RANK",
+    for name in (*LAUNCHER_VARIABLE_NAMES, "RANK", "WORLD_SIZE", "LOCAL_RANK",
                  "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # fmt: skip
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)

@@ -46,3 +46,20 @@ def test_pre_commit_runs_the_suites_checks():
     assert {"ruff", "ruff-format", "mypy", "shellcheck"} <= set(hooks), sorted(hooks)
     assert hooks["shellcheck"]["files"] == "^launchers/"
     assert hooks["mypy"]["pass_filenames"] is False  # the whole package, as the suite checks it
+
+
+def test_no_dead_code_in_the_package():
+    """vulture finds nothing in gpt_ds/ that no code calls: benchmarks/ and tools/ count as
+    callers, the tests do not (code only a test calls belongs in the test). What only
+    something outside Python reads is listed, with who reads it, in tests/dead_code_allowed.py.
+    """
+    assert importlib.util.find_spec("vulture"), "vulture is missing: install the dev extra"
+    paths = ["gpt_ds", "benchmarks", "tools", "tests/dead_code_allowed.py"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "vulture", *paths, "--min-confidence", "60"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    dead = [line for line in proc.stdout.splitlines() if line.startswith("gpt_ds/")]
+    assert dead == [], "\n".join(dead)

@@ -24,24 +24,21 @@ from support.launch import REPO
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.commands.pick_preset import with_command
 from gpt_ds.dsconfig.schema import PRESET_DIR, PRESETS
-from gpt_ds.memory import (
+from gpt_ds.memory.estimate import (
     ACT_BYTES_PER_SBH_16BIT,
     DeepSpeedRun,
     GiB,
-    Hardware,
     ZeroSettings,
     activation_bytes,
-    candidate_name,
-    choose_preset,
+    chunked_loss_bytes,
     comm_bytes_per_step,
     comm_seconds,
     estimate_run,
-    grad_comm_bytes_per_step,
     largest_module_params,
     parameter_layout,
-    preset_run,
 )
-from gpt_ds.memory.activations import chunked_loss_bytes
+from gpt_ds.memory.hardware import Hardware
+from gpt_ds.memory.picker import candidate_name, choose_preset, preset_run
 from gpt_ds.model.gpt2 import (
     MODEL_PRESETS,
     ModelShape,
@@ -312,14 +309,16 @@ def test_comm_bytes_follow_ring_all_reduce_and_zero_paper():
     p, n = XL.num_params(), 8
     ring = 2 * (n - 1) / n * 2 * p
     for stage in (0, 1, 2):
-        assert close(grad_comm_bytes_per_step(XL, stage, "bf16", n), ring, 1e-9)
-    assert close(grad_comm_bytes_per_step(XL, 3, "bf16", n), 1.5 * ring, 1e-9)
-    assert close(grad_comm_bytes_per_step(XL, 0, "fp32", n), 2 * ring, 1e-9)
-    assert grad_comm_bytes_per_step(XL, 3, "bf16", 1) == 0
+        assert close(comm_bytes_per_step(XL, stage, "bf16", n, grad_accum=1), ring, 1e-9)
+    assert close(comm_bytes_per_step(XL, 3, "bf16", n, grad_accum=1), 1.5 * ring, 1e-9)
+    assert close(comm_bytes_per_step(XL, 0, "fp32", n, grad_accum=1), 2 * ring, 1e-9)
+    assert comm_bytes_per_step(XL, 3, "bf16", 1, grad_accum=1) == 0
     # with accumulation G: ZeRO-2 reduce-scatters every micro-batch, ZeRO-3 gathers too
     assert close(comm_bytes_per_step(XL, 2, "bf16", n, 4), 2.5 * ring, 1e-9)
     assert close(comm_bytes_per_step(XL, 3, "bf16", n, 4), 6 * ring, 1e-9)
-    assert comm_bytes_per_step(XL, 1, "bf16", n, 4) == grad_comm_bytes_per_step(XL, 1, "bf16", n)
+    assert comm_bytes_per_step(XL, 1, "bf16", n, 4) == comm_bytes_per_step(
+        XL, 1, "bf16", n, grad_accum=1
+    )
 
 
 def test_inter_node_link_is_the_bottleneck():

@@ -8,9 +8,7 @@ import pytest
 from support.launch import tiny_run_args, train_fails
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.memory import DeepSpeedRun, Hardware, estimate_run
-from gpt_ds.memory.constants import GiB
-from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK
+from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, DeepSpeedRun, GiB, estimate_run
 from gpt_ds.memory.guard import (
     CPU_ONLY_RANK_BYTES,
     cgroup_memory_limit,
@@ -19,7 +17,7 @@ from gpt_ds.memory.guard import (
     node_ram_bytes,
     ram_limit,
 )
-from gpt_ds.memory.hardware import usable_cpu_memory, usable_gpu_memory
+from gpt_ds.memory.hardware import Hardware, usable_cpu_memory, usable_gpu_memory
 from gpt_ds.model.gpt2 import resolve_shape
 
 

@@ -14,8 +14,7 @@ from support.launch import REPO, run_deepspeed, run_python, tiny_run_args, train
 from support.runs import train_losses
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.data.mixture import DataMix, MixtureWindows
-from gpt_ds.data.spec import DataSpec, data_specs
+from gpt_ds.data.mixture import DataMix, DataSpec, MixtureWindows, data_specs
 from gpt_ds.data.tokens import GlobalSplit, TokenData, TrainWindows
 from gpt_ds.observe.metrics import read_metrics
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from support.launch import launch_env, run_deepspeed, run_python, tiny_run_args
 
-from gpt_ds.observe.metrics import format_duration, read_metrics
-from gpt_ds.observe.peak_flops import lookup
+from gpt_ds.observe.metrics import format_duration, lookup, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ from support.launch import REPO, free_port, launch_env
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.launch.checks import Check, HostChecks, PreflightResult, format_result
-from gpt_ds.launch.hostfile import parse_hostfile_text, read_hostfile, resource_pool
+from gpt_ds.launch.hostfile import HostEntry, parse_hostfile_text, read_hostfile
 from gpt_ds.launch.preflight import (
     PreflightOptions,
     default_master_addr,
@@ -51,6 +51,11 @@ worker-1 slots=8
 """
 
 
+def host_slots(entries: list[HostEntry]) -> dict[str, int]:
+    """host -> slots in file order: what DeepSpeed's `fetch_hostfile` returns for the file."""
+    return {e.host: e.slots for e in entries}
+
+
 def ds_parse(text: str):
     from deepspeed.launcher.runner import _parse_hostfile
 
@@ -67,7 +72,7 @@ def test_good_hostfile_matches_deepspeed():
         ("worker-2", 8, 4),
         ("10.0.0.7", 4, 5),
     ]
-    assert resource_pool(entries) == dict(ds_parse(GOOD))
+    assert host_slots(entries) == dict(ds_parse(GOOD))
 
 
 @pytest.mark.parametrize(
@@ -131,7 +136,7 @@ def test_empty_and_missing_hostfiles(tmp_path):
 
 def test_example_hostfile_parses():
     entries = read_hostfile(REPO / "hostfile.example")
-    assert entries and resource_pool(entries) == dict(
+    assert entries and host_slots(entries) == dict(
         ds_parse((REPO / "hostfile.example").read_text())
     )
 

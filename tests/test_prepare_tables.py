@@ -16,8 +16,8 @@ import pytest
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.data.prepare.pipeline import prepare_dataset
-from gpt_ds.data.token_format import rebuild_command
 from gpt_ds.data.tokenizer import EOT_TOKEN, get_encoding
+from gpt_ds.data.tokens import rebuild_command
 
 # the `data` extra: a machine without it (a GPU node running `pytest -m gpu`) skips this module
 datasets = pytest.importorskip("datasets", reason="the data extra: pip install 'gpt_ds[data]'")

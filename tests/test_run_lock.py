@@ -15,7 +15,7 @@ import time
 import pytest
 from support.launch import tiny_run_args
 
-from gpt_ds.checkpoint import complete_tags
+from gpt_ds.checkpoint.tags import complete_tags
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.run.lock import LOCK_NAME, STALE_AFTER_SECONDS, LockOwner, OutDirBusy, acquire
 

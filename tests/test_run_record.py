@@ -20,8 +20,8 @@ from support.launch import REPO, STAGE_RUN_ITERS, run_deepspeed, run_python, tin
 from support.runs import train_losses
 
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.checkpoint import Manifest, UnverifiedCheckpoint, unverified_reason
-from gpt_ds.checkpoint.manifest import FORMAT_VERSION, MANIFEST
+from gpt_ds.checkpoint.integrity import UnverifiedCheckpoint, unverified_reason
+from gpt_ds.checkpoint.manifest import FORMAT_VERSION, MANIFEST, Manifest
 from gpt_ds.run.config import parse_args
 from gpt_ds.run.plan import plan_run
 

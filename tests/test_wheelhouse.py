@@ -14,7 +14,6 @@ from support.launch import REPO, run_checked
 
 from gpt_ds.launch.wheelhouse import (
     canonical,
-    freeze_names,
     freeze_versions,
     main,
     needed,
@@ -23,6 +22,11 @@ from gpt_ds.launch.wheelhouse import (
 
 SCRIPT = REPO / "launchers" / "wheelhouse.sh"
 MAX_MIB_BESIDE_TORCH_NUMPY_TRANSFORMERS = 64
+
+
+def freeze_projects(text: str) -> set[str]:
+    """The projects a `pip freeze` lists."""
+    return set(freeze_versions(text))
 
 
 def item(name: str, version: str, *requires: str, requested: bool = False) -> dict:
@@ -75,7 +79,9 @@ def test_extras_and_markers_are_the_targets():
 
 
 def test_what_the_target_has_is_left_out():
-    have = freeze_names("tqdm==4.1\n# a comment\nHJSON @ file:///x.whl\n-e git+https://x#egg=y\n")
+    have = freeze_projects(
+        "tqdm==4.1\n# a comment\nHJSON @ file:///x.whl\n-e git+https://x#egg=y\n"
+    )
     assert have == {"tqdm", "hjson"}
     found = names(needed(REPORT, set(), {"torch"} | have, target_env(None)))
     assert set(found) == {"gpt-ds", "deep-speed", "filelock"}
@@ -175,7 +181,7 @@ def test_beside_torch_numpy_and_transformers_it_is_small(house, tmp_path):
         dict(os.environ),
         timeout=600,
     )
-    have = freeze_names(
+    have = freeze_projects(
         "\n".join(i["metadata"]["name"] for i in json.loads(report.read_text())["install"])
     )
     assert {"numpy", "transformers", "tokenizers"} <= have

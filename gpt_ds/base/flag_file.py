@@ -19,7 +19,6 @@ from typing import Any, get_type_hints
 from gpt_ds.base.cli import unwrap_hint
 from gpt_ds.base.errors import ConfigError
 
-FLAG = "config"
 _NOT_REPLAYED = {"config", "local_rank"}  # the file itself; set by the launcher
 
 

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from gpt_ds.base import dist, logs
+from gpt_ds.base.cli import tool
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.base.tool_names import tool
 from gpt_ds.checkpoint.batch import migrated_windows_state
 from gpt_ds.checkpoint.integrity import (
     ALGORITHM,

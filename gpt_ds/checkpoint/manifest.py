@@ -152,3 +152,8 @@ def _config_from_version_0(old: dict[str, Any]) -> dict[str, Any]:
     if isinstance(config.get("compile"), bool):
         config["compile"] = "on" if config["compile"] else "off"
     return config
+
+
+def needs_universal(manifest: Manifest, world_size: int) -> bool:
+    """True when a checkpoint must be loaded as a universal one by a run of `world_size`."""
+    return manifest.universal or manifest.world_size != world_size

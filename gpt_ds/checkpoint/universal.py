@@ -26,11 +26,6 @@ def universal_tag(tag: str) -> str:
     return f"{tag}_universal"
 
 
-def needs_universal(manifest: Manifest, world_size: int) -> bool:
-    """True when a checkpoint must be loaded as a universal one by a run of `world_size`."""
-    return manifest.universal or manifest.world_size != world_size
-
-
 def _ds_to_universal(ref: CheckpointRef, staging) -> None:
     cmd = [
         sys.executable,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gpt_ds.base.cli import option, parse, run_tool
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.checkpoint import ALLOW_HELP
+from gpt_ds.checkpoint.integrity import ALLOW_HELP
 from gpt_ds.export.gguf import export_gguf
 from gpt_ds.export.hf import DTYPES, FORMATS, export_checkpoint, export_summary
 

@@ -20,16 +20,16 @@ import json
 import sys
 from dataclasses import dataclass
 
-from gpt_ds.base.cli import option, parse, run_tool
+from gpt_ds.base.cli import option, parse, preset_arg, run_tool, train_script
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.base.tool_names import preset_arg, train_script
-from gpt_ds.memory import Candidate, PresetChoice, choose_preset, format_choice
+from gpt_ds.memory.choice_text import format_choice
 from gpt_ds.memory.hardware import (
     DEFAULT_INTRA_NODE_GBPS,
     DEFAULT_NETWORK_GBPS,
     DEFAULT_PCIE_GBPS,
     Hardware,
 )
+from gpt_ds.memory.picker import Candidate, PresetChoice, choose_preset
 from gpt_ds.model.gpt2 import MODEL_PRESETS, ModelShape
 from gpt_ds.run.init_source import init_shape, resolve_init
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gpt_ds.base.cli import option, parse, run_tool
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.checkpoint import ALLOW_HELP
+from gpt_ds.checkpoint.integrity import ALLOW_HELP
 
 SEPARATOR = "-" * 40
 

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt_ds.base.cli import option, parse, run_tool
-from gpt_ds.checkpoint import ALLOW_HELP, convert_to_universal, resolve
+from gpt_ds.checkpoint.integrity import ALLOW_HELP
+from gpt_ds.checkpoint.tags import resolve
+from gpt_ds.checkpoint.universal import convert_to_universal
 
 
 @dataclass

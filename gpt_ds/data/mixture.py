@@ -3,7 +3,7 @@
     --data_dir web:0.7 --data_dir books:0.3      # 70% / 30% of the training sequences
     --data_dir web --data_dir books              # in proportion to their train tokens
 
-`DataMix` holds the sources (each a checked `TokenData`; spec.py parses the flag), their
+`DataMix` holds the sources (each a checked `TokenData`; `data_specs` parses the flag), their
 names (the folder names) and normalised weights. `MixtureWindows` extends the per-sequence
 stream of data.TrainWindows: sequence i of a rank's stream takes its source from a second word
 of the same Philox block that places its window, so the draw is reproducible, independent of
@@ -20,8 +20,50 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt_ds.data.spec import data_specs
+from gpt_ds.base.errors import ConfigError
 from gpt_ds.data.tokens import GlobalSplit, TokenData, TrainWindows, load_token_data, xy_batch
+
+# `--data_dir DIR[:WEIGHT]`, repeatable: which prepared folders a run trains on, and how much
+# of each (mixture.py opens them). Pure parsing, so the flag checks run before anything heavy.
+
+DEFAULT_DATA_DIR = "data/shakespeare"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """One `--data_dir DIR[:WEIGHT]`."""
+
+    path: str
+    weight: float | None
+
+    @classmethod
+    def parse(cls, text: str) -> DataSpec:
+        head, sep, tail = text.rpartition(":")
+        if not sep or Path(text).exists():
+            return cls(text, None)
+        try:
+            weight = float(tail)
+        except ValueError:
+            return cls(text, None)  # a ':' that is part of the path
+        if not weight > 0:
+            raise ConfigError(f"--data_dir {text}: the weight must be > 0, got {tail}")
+        return cls(head, weight)
+
+
+def data_specs(data_dir: list[str] | str | None) -> list[DataSpec]:
+    """The run's `--data_dir` values (a saved run's config may hold one string)."""
+    values = [data_dir] if isinstance(data_dir, str) else list(data_dir or [DEFAULT_DATA_DIR])
+    specs = [DataSpec.parse(v) for v in values]
+    weighted = [s.weight is not None for s in specs]
+    if any(weighted) and not all(weighted):
+        raise ConfigError(
+            "--data_dir: give every source a weight (DIR:WEIGHT) or none (weights by size): "
+            + ", ".join(values)
+        )
+    names = [Path(s.path).name for s in specs]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"--data_dir: two sources share a folder name: {', '.join(values)}")
+    return specs
 
 
 @dataclass(frozen=True)

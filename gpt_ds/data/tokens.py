@@ -12,18 +12,61 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from gpt_ds.base.cli import tool
 from gpt_ds.base.dist import print0
 from gpt_ds.base.errors import DataError
-from gpt_ds.base.tool_names import tool
-from gpt_ds.data.nanogpt import nanogpt_meta
-from gpt_ds.data.nanogpt import note as nanogpt_note
-from gpt_ds.data.token_format import DTYPE, FORMAT, INCOMPLETE_MARKER, rebuild_command
+from gpt_ds.data.tokenizer import VOCAB_SIZE
+
+# The token-file format: written by `gpt_ds.data.prepare.pipeline`, read by `gpt_ds.data.tokens`.
+#
+# `train.bin`/`val.bin` are flat arrays of GPT-2 token ids of dtype `DTYPE` with no header;
+# `meta.json` names the format (`FORMAT`, `FORMAT_VERSION`) and the dtype, and records the
+# inputs it was made from (`rebuild_command`). While gpt_ds.data.prepare.pipeline swaps new files
+# in, the folder holds `INCOMPLETE_MARKER` (the new meta) and no meta.json: a folder left so by a
+# crash is
+# refused, not taken for one of nanoGPT's (which has no meta.json either).
+
+FORMAT = "gpt_ds.tokens"
+FORMAT_VERSION = 1
+DTYPE = "uint16"
+INCOMPLETE_MARKER = ".prepare_incomplete.json"
+
+
+def rebuild_command(data_dir: str | Path) -> str:
+    """How to re-create the dataset in `data_dir` from its own inputs, as meta.json records
+    them: a fix hint must never turn a custom dataset into Tiny Shakespeare by omission."""
+    from gpt_ds.data.tokenizer import DEFAULT_CORPUS
+
+    data_dir = Path(data_dir)
+    from gpt_ds.base.cli import tool
+
+    base = f"{tool('prepare_data')} --out_dir {shlex.quote(str(data_dir))}"
+    try:
+        described = data_dir / "meta.json"
+        if not described.exists():  # an interrupted commit: the new meta is in the marker
+            described = data_dir / INCOMPLETE_MARKER
+        meta = json.loads(described.read_text())
+        paths = [str(s["path"]) for s in meta["sources"]]
+        val_fraction = meta["val_fraction"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return (
+            "re-create it from its inputs (unknown here: no readable meta.json) with: "
+            f"{base} --input YOUR_FILES_OR_FOLDERS"
+        )
+    if [Path(p) for p in paths] != [DEFAULT_CORPUS]:
+        base += " --input " + " ".join(shlex.quote(p) for p in paths)
+    if meta.get("text_key", "text") != "text":
+        base += f" --text_key {shlex.quote(str(meta['text_key']))}"
+    return f"re-create it with: {base} --val_fraction {val_fraction}"
+
 
 SCAN_CHUNK = 1 << 24  # tokens per chunk when checking ids (32 MB of uint16)
 
@@ -41,7 +84,7 @@ def load_token_data(data_dir: str | Path, vocab_size: int, block_size: int) -> T
     Checks: meta.json parses and describes GPT-2 tokens of our tokenizer, each .bin has exactly
     the size meta.json promises (a truncated copy is caught), no id is beyond the vocabulary,
     and both splits hold at least one block + 1 tokens. A folder with no meta.json is read as
-    nanoGPT's (`gpt_ds.data.nanogpt`), unless an interrupted tools/prepare_data.py left it.
+    nanoGPT's (`gpt_ds.data.tokens`), unless an interrupted tools/prepare_data.py left it.
     """
     data_dir = Path(data_dir)
     if (data_dir / "meta.json").exists() or (data_dir / INCOMPLETE_MARKER).exists():
@@ -249,3 +292,91 @@ def xy_batch(windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, y) from windows of block_size + 1 tokens: y is x shifted by one token."""
     batch = torch.from_numpy(np.stack(windows).astype(np.int64))
     return batch[:, :-1], batch[:, 1:]
+
+
+# Token folders written by nanoGPT's ``prepare.py``: uint16 train.bin/val.bin, no meta.json.
+#
+# nanoGPT's GPT-2 BPE preparations (shakespeare, openwebtext) write the same flat uint16 files as
+# gpt_ds does, with no description beside them; its character-level one (shakespeare_char) adds a
+# ``meta.pkl`` with its own small vocabulary. `nanogpt_meta` stands in for the missing meta.json:
+# GPT-2 BPE ids are accepted (`gpt_ds.data.tokens` then checks every id against the
+# vocabulary), any other vocabulary is refused, since its ids mean nothing to GPT-2's embedding.
+#
+# ``meta.pkl`` is read with an unpickler that builds nothing but the plain containers and scalars
+# pickle encodes natively: loading an untrusted pickle the usual way can run any code.
+
+NANOGPT_FORMAT = "nanogpt.uint16"  # the "format" of the meta that stands in for meta.json
+SPLITS = ("train", "val")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Dicts, lists, strings and numbers only: any class or function named is refused."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"it names {module}.{name}, and only plain data is read")
+
+
+def read_meta_pkl(path: Path) -> dict:
+    """nanoGPT's meta.pkl ({'vocab_size', 'itos', 'stoi'}) without running anything in it."""
+    try:
+        with open(path, "rb") as f:
+            meta = _PlainUnpickler(f).load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError) as e:
+        raise DataError(
+            f"{path}: not a nanoGPT meta.pkl of plain data ({e}); remove it if the .bin files "
+            f"hold GPT-2 BPE ids, or re-prepare the text with {tool('prepare_data')}"
+        ) from e
+    if not isinstance(meta, dict) or not isinstance(meta.get("vocab_size"), int):
+        raise DataError(f"{path}: expected a dict with an integer 'vocab_size', as nanoGPT writes")
+    return meta
+
+
+def _vocabulary_kind(meta: dict) -> str:
+    itos = meta.get("itos")
+    values = itos.values() if isinstance(itos, dict) else ()
+    chars = bool(values) and all(isinstance(c, str) and len(c) == 1 for c in values)
+    return "a character-level vocabulary" if chars else "another tokenizer's vocabulary"
+
+
+def _check_vocabulary(data_dir: Path) -> None:
+    """Refuse a meta.pkl whose vocabulary is not GPT-2's."""
+    path = data_dir / "meta.pkl"
+    if not path.exists():
+        return
+    meta = read_meta_pkl(path)
+    if meta["vocab_size"] != VOCAB_SIZE:
+        out = shlex.quote(str(data_dir.parent / f"{data_dir.name}_gpt2"))
+        raise DataError(
+            f"{path}: vocab_size {meta['vocab_size']}, {_vocabulary_kind(meta)} (nanoGPT's "
+            f"shakespeare_char writes such), not GPT-2's {VOCAB_SIZE}: its ids are not GPT-2 "
+            "tokens, and GPT-2's tokenizer cannot train on them. Re-prepare the text with: "
+            f"{tool('prepare_data')} --input YOUR_TEXT --out_dir {out}"
+        )
+
+
+def nanogpt_meta(data_dir: Path) -> dict:
+    """The description a nanoGPT folder lacks, from its files: raises DataError for a meta.pkl
+    of another vocabulary or a .bin file that is not whole uint16 values."""
+    _check_vocabulary(data_dir)
+    meta = {"format": NANOGPT_FORMAT, "dtype": DTYPE, "tokenizer": "gpt2", "vocab_size": VOCAB_SIZE}
+    for split in SPLITS:
+        path = data_dir / f"{split}.bin"
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            raise DataError(f"{path}: cannot read it: {e.strerror or e}") from e
+        if size % 2:
+            raise DataError(
+                f"{path}: {size} bytes, an odd number: not whole uint16 token ids (a truncated "
+                f"copy?); copy it again or re-prepare the text with {tool('prepare_data')}"
+            )
+        meta[f"{split}_tokens"] = size // 2
+    return meta
+
+
+def nanogpt_note(data_dir: Path) -> str:
+    """The line a run prints when it reads a nanoGPT folder."""
+    return (
+        f"data: {data_dir} has no gpt_ds meta.json: read as nanoGPT uint16 train.bin/val.bin "
+        "(GPT-2 BPE ids)"
+    )

@@ -3,7 +3,7 @@
 `--tensorboard_dir`, `--wandb_project` and `--csv_dir` fill the DeepSpeed config's
 `tensorboard` / `wandb` / `csv_monitor` sections (a user's config may hold them instead);
 `check_monitors` refuses, before any model is built, a W&B run that would fail at its first
-log. The trainer then writes through them (observe/monitoring.py).
+log. The trainer then writes through them (observe/metrics.py).
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@
 
 Every "auto" a config written for the Hugging Face Trainer may hold is filled as the Trainer's
 integration fills it (ds_configs/README.md, "Configs written for the HF Trainer"); the optimizer
-and LR-schedule sections are schedule.py's. Everything here is pure Python (no process group,
-no model), so a bad config or batch arithmetic fails in a second, before DeepSpeed starts.
+and LR-schedule sections are filled from the run's lr, warmup and length
+(`fill_optimizer_and_schedule`, at the end of this file). Everything here is pure Python (no
+process group, no model), so a bad config or batch arithmetic fails in a second, before
+DeepSpeed starts.
 DeepSpeed's own validation is partial: it ignores a misspelled top-level section and coerces "2"
 to 2; the schema rejects both.
 """
@@ -19,13 +21,84 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeGuard
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.dsconfig.precision import detect_precision, precision_refusal
-from gpt_ds.dsconfig.schedule import fill_optimizer_and_schedule, is_set
+from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
+from gpt_ds.dsconfig.precision import PRECISIONS, detect_precision, precision_refusal
 from gpt_ds.dsconfig.schema import validate_ds_config
-from gpt_ds.dsconfig.settings import CLI_FLAGS, RunSettings
+
+# `RunSettings`: what the run decides for the DeepSpeed config (command-line values and the
+# launcher's world size), and the one check of those values. The run config (run/config.py)
+# builds it; resolving a DeepSpeed config reads it.
+
+# The command-line flag behind each RunSettings field, for messages ("... but --lr 3e-4 was given").
+CLI_FLAGS = {
+    "micro_batch_size": "--micro_batch_size",
+    "grad_accum": "--grad_accum",
+    "lr": "--lr",
+    "min_lr": "--min_lr",
+    "warmup_iters": "--warmup_iters",
+    "max_iters": "--max_iters",
+    "grad_clip": "--grad_clip",
+    "precision": "--precision",
+    "world_size": "world size",
+}
+
+
+@dataclass(kw_only=True)
+class RunSettings:
+    """What the run decides for the DeepSpeed config: command-line values and the launcher's world
+    size. None means "not given": the config's concrete value, or a default, is used."""
+
+    world_size: int
+    """Data-parallel ranks (WORLD_SIZE from the launcher)."""
+    micro_batch_size: int | None = None
+    """Sequences per rank per forward/backward (train_micro_batch_size_per_gpu)."""
+    grad_accum: int | None = None
+    """Micro batches per optimizer step (gradient_accumulation_steps)."""
+    lr: float | None = None
+    """Peak learning rate (optimizer.params.lr)."""
+    min_lr: float | None = None
+    """Learning rate at the end of the cosine (scheduler cos_min_ratio = min_lr / lr)."""
+    warmup_iters: int | None = None
+    """Linear warmup steps (scheduler warmup_num_steps)."""
+    max_iters: int
+    """Optimizer steps of the whole run (scheduler total_num_steps)."""
+    grad_clip: float | None = None
+    """Global gradient-norm clip (gradient_clipping); 0 disables it."""
+    precision: str | None = None
+    """None or "auto": detect from the hardware; "bf16", "fp16" or "fp32": forced."""
+    load_universal: bool = False
+    """Resume from a universal checkpoint (checkpoint.load_universal): another world size."""
+    hidden_size: int | None = None
+    """The model's width (n_embd): ZeRO bucket sizes set to "auto" derive from it."""
+
+    def problems(self) -> list[str]:
+        """Every out-of-range value, named by its command-line flag: the one check of the run's
+        values that the DeepSpeed config depends on (config.validate uses it too)."""
+        problems: list[str] = []
+
+        def check(name: str, ok, what: str, optional: bool = True) -> None:
+            value = getattr(self, name)
+            if (value is None and optional) or (value is not None and ok(value)):
+                return
+            problems.append(f"{CLI_FLAGS[name]} must be {what}, got {value!r}")
+
+        def positive_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+        check("world_size", positive_int, "a positive integer", optional=False)
+        check("max_iters", positive_int, "a positive integer", optional=False)
+        check("micro_batch_size", positive_int, "a positive integer")
+        check("grad_accum", positive_int, "a positive integer")
+        check("warmup_iters", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+        check("lr", lambda v: v > 0, "> 0")
+        check("min_lr", lambda v: v >= 0, ">= 0")
+        check("grad_clip", lambda v: v >= 0, ">= 0 (0 disables clipping)")
+        check("precision", lambda v: v in (*PRECISIONS, "auto"), "one of auto, bf16, fp16, fp32")
+        return problems
+
 
 DEFAULT_MICRO_BATCH = 4
 DEFAULT_GRAD_ACCUM = 1
@@ -396,3 +469,190 @@ def _version_tuple(version: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
+
+
+# The optimizer and LR-schedule sections of a DeepSpeed config: fill their "auto" from the run.
+#
+# The learning rate, warmup and total steps come from the command line or gpt_ds's defaults. A
+# config written for the Hugging Face Trainer may leave more "auto" than gpt_ds's presets do; each
+# is filled the way transformers' `HfTrainerDeepSpeedConfig` fills it, with gpt_ds's values in
+# place of the Trainer's arguments:
+#
+# - `optimizer.params.betas`, `eps`, `weight_decay`: gpt_ds's AdamW recipe (its presets' values),
+#   where the Trainer puts `--adam_beta1/2`, `--adam_epsilon`, `--weight_decay`;
+# - `scheduler.params.warmup_min_lr`: 0 (WarmupLR; WarmupDecayLR: `--min_lr` if given, else 0),
+#   `warmup_max_lr`: the lr, `warmup_num_steps` / `total_num_steps`: the run's steps.
+
+DEFAULT_LR = 6e-4
+DEFAULT_MIN_LR_FRACTION = 0.1  # min_lr = lr / 10, as in GPT-3 / nanoGPT
+DEFAULT_MAX_WARMUP = 100  # warmup = min(100, max_iters // 10)
+# gpt_ds's AdamW recipe (GPT-2/GPT-3), the values its presets set: fills "auto" at these keys.
+ADAMW_DEFAULTS: dict[str, Any] = {"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+_WARMUP_SCHEDULES = ("WarmupLR", "WarmupDecayLR")
+# The keys of each DeepSpeed schedule that gpt_ds fills from the run: "auto" or left out (a
+# left-out key would get DeepSpeed's own default, e.g. WarmupLR's warmup_max_lr 0.001 and
+# 1000 warmup steps, while the run's log states the run's values).
+_RUN_FILLED_KEYS: dict[str | None, tuple[str, ...]] = {
+    "WarmupLR": ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps"),
+    "WarmupDecayLR": ("total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps"),
+    "WarmupCosineLR": ("total_num_steps", "warmup_num_steps", "cos_min_ratio"),
+}
+
+
+def is_set(value: Any) -> TypeGuard[Any]:
+    """A concrete config value: present and not "auto" (any JSON value: not None for mypy)."""
+    return value is not None and value != "auto"
+
+
+def fill_optimizer_and_schedule(r: _Resolver) -> tuple[float, float, int]:
+    """Fill the optimizer's and the scheduler's "auto"; returns (peak lr, final lr, warmup)."""
+    optimizer = r.ds_config.get("optimizer")
+    opt_params = optimizer.setdefault("params", {}) if optimizer is not None else {}
+    scheduler = r.ds_config.get("scheduler")
+    kind = scheduler["type"] if scheduler is not None else None
+    params = scheduler.setdefault("params", {}) if scheduler is not None else {}
+
+    lr, lr_from = _peak_lr(r, opt_params, kind, params)
+    min_lr, min_lr_from, start_lr = _min_lr(r, kind, params, lr)
+    default_warmup = max(1, min(DEFAULT_MAX_WARMUP, r.run.max_iters // 10))
+    warmup, warmup_from = r.pick(
+        "scheduler.params.warmup_num_steps",
+        params.get("warmup_num_steps"),
+        "warmup_iters",
+        default_warmup,
+    )
+    total, _ = r.pick(
+        "scheduler.params.total_num_steps", params.get("total_num_steps"), "max_iters"
+    )
+    if warmup == 0:
+        warmup = 1
+        r.notes.append("warmup: 0 given; DeepSpeed's warmup schedules need >= 1, using 1")
+    if scheduler is not None and warmup > r.run.max_iters:
+        r.problems.append(
+            f"warmup_num_steps {warmup} ({warmup_from}) exceeds the run's {r.run.max_iters} "
+            "steps (--max_iters): the learning rate would never reach its peak"
+        )
+    if min_lr > lr:
+        r.problems.append(f"min lr {min_lr} ({min_lr_from}) is above lr {lr} ({lr_from})")
+
+    if optimizer is not None:
+        opt_params["lr"] = lr
+        _adam_hyperparameters(r, optimizer["type"], opt_params)
+        _choose_adam(r, optimizer)
+    else:
+        r.notes.append("optimizer: none in the config; the trainer must pass one")
+    fills = {
+        "total_num_steps": total,
+        "warmup_num_steps": warmup,
+        "cos_min_ratio": min_lr / lr,
+        "warmup_max_lr": lr,
+        "warmup_min_lr": start_lr,
+    }
+    for key, value in fills.items():
+        absent_and_ours = key not in params and key in _RUN_FILLED_KEYS.get(kind, ())
+        if params.get(key) == "auto" or absent_and_ours:
+            params[key] = value
+    r.notes.append(
+        _schedule_note(
+            kind, (lr, lr_from), (min_lr, min_lr_from), start_lr, (warmup, warmup_from), params
+        )
+    )
+    return lr, min_lr, warmup
+
+
+def _peak_lr(r: _Resolver, opt_params: dict, kind: str | None, params: dict) -> tuple[float, str]:
+    """The optimizer's lr; DeepSpeed's warmup schedules overwrite it with warmup_max_lr, so a
+    concrete warmup_max_lr counts as the config's lr and must agree with a concrete lr."""
+    lr_cfg = opt_params.get("lr")
+    if kind in _WARMUP_SCHEDULES:
+        max_lr = params.get("warmup_max_lr")
+        if is_set(lr_cfg) and is_set(max_lr) and not math.isclose(lr_cfg, max_lr, rel_tol=1e-9):
+            r.problems.append(
+                f"optimizer.params.lr is {lr_cfg} but scheduler.params.warmup_max_lr is "
+                f"{max_lr} in {r.source}: {kind} sets the lr to warmup_max_lr; make them equal "
+                '(or set one to "auto")'
+            )
+        elif not is_set(lr_cfg):
+            lr_cfg = max_lr
+    return r.pick("optimizer.params.lr", lr_cfg, "lr", DEFAULT_LR)
+
+
+def _min_lr(r: _Resolver, kind: str | None, params: dict, lr: float) -> tuple[float, str, float]:
+    """(final lr, where it came from, lr at the start of warmup) for the schedule `kind`."""
+    if kind == "WarmupLR":  # warmup from warmup_min_lr to lr, then constant: nothing decays
+        if r.run.min_lr is not None:
+            r.problems.append(
+                f"--min_lr {r.run.min_lr} was given but scheduler.type WarmupLR in {r.source} "
+                "keeps the lr constant after warmup; drop --min_lr, or use WarmupDecayLR or "
+                "WarmupCosineLR"
+            )
+        start = params.get("warmup_min_lr")
+        return lr, "WarmupLR: constant after warmup", start if is_set(start) else 0.0
+    if kind == "WarmupDecayLR":  # linear decay from lr down to warmup_min_lr, its start too
+        final, final_from = r.pick(
+            "scheduler.params.warmup_min_lr", params.get("warmup_min_lr"), "min_lr", 0.0
+        )
+        return final, final_from, final
+    ratio, run_min = params.get("cos_min_ratio"), r.run.min_lr
+    if is_set(ratio):
+        if run_min is not None and not math.isclose(ratio * lr, run_min, rel_tol=1e-6):
+            r.problems.append(
+                f"scheduler.params.cos_min_ratio is {ratio} in {r.source} (min lr "
+                f"{ratio * lr:g} at lr {lr:g}) but --min_lr {run_min} was given; remove one "
+                '(or set cos_min_ratio to "auto")'
+            )
+        return ratio * lr, f"cos_min_ratio {ratio} in {r.source}", 0.0
+    if run_min is not None:
+        return run_min, "--min_lr", 0.0
+    return lr * DEFAULT_MIN_LR_FRACTION, "default lr/10", 0.0
+
+
+def _schedule_note(
+    kind: str | None,
+    lr: tuple[float, str],
+    final: tuple[float, str],
+    start: float,
+    warmup: tuple[int, str],
+    params: dict,
+) -> str:
+    """The run log's line on the schedule: its shape, each value and where it came from."""
+    (peak, peak_from), (min_lr, min_lr_from) = lr, final
+    if kind is None:
+        return f"lr: {peak:g} ({peak_from}), no scheduler in the config"
+    steps = f"{warmup[0]} warmup steps ({warmup[1]})"
+    if kind in _WARMUP_SCHEDULES:
+        shape = f"{params.get('warmup_type', 'log')} warmup from {start:g}"
+        end = (
+            "then constant"
+            if kind == "WarmupLR"
+            else f"then linear down to {min_lr:g} ({min_lr_from}) at step "
+            f"{params.get('total_num_steps')}"
+        )
+        return f"lr: {kind}, {shape} to {peak:g} ({peak_from}) over {steps}, {end}"
+    return (
+        f"lr: {kind}, peak {peak:g} ({peak_from}), {steps}, down to {min_lr:g} ({min_lr_from}) "
+        f"at step {params.get('total_num_steps')}"
+    )
+
+
+def _adam_hyperparameters(r: _Resolver, kind: str, params: dict) -> None:
+    """betas, eps, weight_decay left "auto" (HF Trainer configs): gpt_ds's AdamW recipe."""
+    filled = [key for key in ADAMW_DEFAULTS if params.get(key) == "auto"]
+    for key in filled:
+        params[key] = list(ADAMW_DEFAULTS[key]) if key == "betas" else ADAMW_DEFAULTS[key]
+    if filled:
+        values = ", ".join(f"{key} {params[key]}" for key in filled)
+        r.notes.append(f'optimizer: {kind} {values} (were "auto": gpt_ds\'s AdamW recipe)')
+
+
+def _choose_adam(r: _Resolver, optimizer: dict) -> None:
+    """Adam(W) becomes the implementation this machine can run (optimizer.py): torch's
+    AdamW on CPU ranks and on GPUs where DeepSpeed's FusedAdam could not be built."""
+    if optimizer.get("type", "").lower() not in ("adam", "adamw"):
+        return
+    offload = r.ds_config.get("zero_optimization", {}).get("offload_optimizer") or {}
+    facts = adam_facts(offload=offload.get("device", "none") != "none")
+    choice = choose_adam(facts, optimizer["params"])
+    optimizer["params"].update(choice.params)
+    r.notes.append(choice.note)
+    r.problems.extend(choice.problems)

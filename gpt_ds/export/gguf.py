@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from gpt_ds.base.errors import CheckpointError, GptDsError
-from gpt_ds.checkpoint import CheckpointRef
+from gpt_ds.checkpoint.tags import CheckpointRef
 from gpt_ds.export.stream import progress_bar
 from gpt_ds.model.gpt2 import unpadded
 

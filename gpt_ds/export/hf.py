@@ -35,9 +35,10 @@ from typing import Any
 
 import torch
 
+from gpt_ds.base.dist import pid_alive
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.base.processes import pid_alive
-from gpt_ds.checkpoint import CheckpointRef, resolve, unverified_reason
+from gpt_ds.checkpoint.integrity import unverified_reason
+from gpt_ds.checkpoint.tags import CheckpointRef, resolve
 from gpt_ds.export.stream import (
     Weights,
     progress_bar,
@@ -47,7 +48,7 @@ from gpt_ds.export.stream import (
     write_safetensors_shards,
 )
 from gpt_ds.model.gpt2 import gpt2_config, unpadded
-from gpt_ds.observe.rss import peak_rss_gib
+from gpt_ds.observe.metrics import peak_rss_gib
 
 FORMATS = ("hf", "safetensors", "pt")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

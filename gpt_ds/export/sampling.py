@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.checkpoint import is_checkpoint_dir
+from gpt_ds.checkpoint.tags import is_checkpoint_dir
 from gpt_ds.data.tokenizer import EOT_TOKEN, get_encoding
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.checkpoint import CheckpointRef
+from gpt_ds.checkpoint.tags import CheckpointRef
 
 # safetensors' names, in the order of its Rust `Dtype` enum (it sorts a file's tensors by it)
 _SAFETENSORS_DTYPES = {

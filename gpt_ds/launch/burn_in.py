@@ -22,7 +22,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as tdist
@@ -30,15 +29,6 @@ import torch.distributed as tdist
 SLOW_SHARE = 0.5  # flagged below this share of the others' median
 PASSES = 2  # each matmul and link measured this many times, its best kept
 CPU_CAP_BYTES = 64 << 20
-
-
-@dataclass
-class NodeFigures:
-    """What one node's first rank measured (matmul: every rank's, in rank order)."""
-
-    name: str
-    matmul_tflops: list[float] = field(default_factory=list)
-    p2p_gbps: dict[str, float] = field(default_factory=dict)  # to another node, GB/s
 
 
 def matmul_tflops(device: torch.device, seconds: float = 0.2, windows: int = 3) -> float:
@@ -183,7 +173,7 @@ def bucket_sizes(zero: dict, device: torch.device) -> dict[str, int]:
 
 def report(names: list[str], figures: dict, zero: dict, model: str, device: torch.device):
     """The lines rank 0 prints: figures per node, flags, the preset's communication time."""
-    from gpt_ds.memory.communication import comm_bytes_per_step
+    from gpt_ds.memory.estimate import comm_bytes_per_step
     from gpt_ds.model.gpt2 import resolve_shape
 
     hosts = list(dict.fromkeys(names))

@@ -116,11 +116,6 @@ def read_hostfile(path: str | Path) -> list[HostEntry]:
     return parse_hostfile_text(p.read_text(encoding="utf-8"), source=str(p))
 
 
-def resource_pool(entries: list[HostEntry]) -> dict[str, int]:
-    """host -> slots in file order: the dict DeepSpeed's `fetch_hostfile` returns."""
-    return {e.host: e.slots for e in entries}
-
-
 def world_size(entries: list[HostEntry]) -> int:
     """Ranks a plain `deepspeed --hostfile` launch starts (no --include/--exclude/--num_gpus)."""
     return sum(e.slots for e in entries)

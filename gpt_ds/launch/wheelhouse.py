@@ -47,11 +47,6 @@ def freeze_versions(text: str) -> dict[str, str]:
     return found
 
 
-def freeze_names(text: str) -> set[str]:
-    """The projects a `pip freeze` lists."""
-    return set(freeze_versions(text))
-
-
 def _served(req: Requirement, have: dict[str, str]) -> bool:
     """Whether the target's own copy of `req`'s project meets it (an unknown version does)."""
     version = have.get(canonical(req.name))

@@ -3,7 +3,7 @@ assumptions."""
 
 from __future__ import annotations
 
-from gpt_ds.memory.constants import GiB
+from gpt_ds.memory.estimate import GiB
 from gpt_ds.memory.picker import RULE, PresetChoice
 
 

@@ -20,22 +20,123 @@ ZeRO-2: + gradients, ZeRO-3: + weights). Where DeepSpeed 0.19 holds more, this f
 
 from __future__ import annotations
 
+import bisect
 import math
+import sys
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.memory.activations import activation_bytes
-from gpt_ds.memory.constants import PRECISION_BYTES, GiB
-from gpt_ds.memory.layout import (
-    Zero12Rank,
-    largest_module_params,
-    parameter_layout,
-    zero3_layout,
-    zero12_ranks,
-)
-from gpt_ds.memory.settings import DeepSpeedRun, ZeroSettings
+from gpt_ds.dsconfig.resolve import ResolvedDsConfig
+from gpt_ds.model.chunked_loss import chunk_rows
 from gpt_ds.model.gpt2 import ModelShape, shape_problems
+
+# What of a run costs memory besides the model: the zero_optimization sizes (`ZeroSettings`,
+# from a DeepSpeed config or preset) and the run itself (`DeepSpeedRun`).
+
+
+@dataclass(frozen=True)
+class ZeroSettings:
+    """The zero_optimization settings that cost memory, with DeepSpeed 0.19's defaults."""
+
+    reduce_bucket_size: int = 500_000_000
+    """Elements per gradient-reduction bucket (ZeRO-1/2/3)."""
+    allgather_bucket_size: int = 500_000_000
+    """Elements per ZeRO-1/2 all-gather shard. Costs no memory in DeepSpeed 0.19: it gathers in
+    place into the flat 16-bit buffer (all_gather_into_tensor)."""
+    overlap_comm: bool | None = None
+    """Double-buffer the reduction bucket. None: DeepSpeed's default (on for ZeRO-3 only)."""
+    prefetch_bucket_size: int = 50_000_000
+    """ZeRO-3: elements of parameters gathered ahead of use."""
+    param_persistence_threshold: int = 100_000
+    """ZeRO-3: parameters of at most this many elements stay whole on every rank."""
+    model_persistence_threshold: int = sys.maxsize
+    """ZeRO-3: cap on the total elements kept whole."""
+    max_live_parameters: int = 1_000_000_000
+    """ZeRO-3: cap on gathered elements alive at once."""
+    sub_group_size: int = 1_000_000_000
+    """ZeRO-3: elements per optimizer sub-group (bounds the fp32 gradient made per step)."""
+
+    _DS_KEYS = {
+        "reduce_bucket_size": "reduce_bucket_size",
+        "allgather_bucket_size": "allgather_bucket_size",
+        "overlap_comm": "overlap_comm",
+        "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+        "param_persistence_threshold": "stage3_param_persistence_threshold",
+        "model_persistence_threshold": "stage3_model_persistence_threshold",
+        "max_live_parameters": "stage3_max_live_parameters",
+        "sub_group_size": "sub_group_size",
+    }
+
+    @classmethod
+    def from_ds_config(cls, zero_section: dict[str, Any] | None) -> ZeroSettings:
+        """Settings from a DeepSpeed `zero_optimization` section; "auto" or absent: defaults."""
+        values: dict[str, Any] = {}
+        for name, ds_key in cls._DS_KEYS.items():
+            plain = ds_key.removeprefix("stage3_")
+            for key in (ds_key, plain):
+                v = (zero_section or {}).get(key)
+                if isinstance(v, bool) and name == "overlap_comm":
+                    values[name] = v
+                elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                    values[name] = int(v)
+        return cls(**values)
+
+    def overlap(self, zero_stage: int) -> bool:
+        return self.overlap_comm if self.overlap_comm is not None else zero_stage == 3
+
+
+@dataclass(frozen=True)
+class DeepSpeedRun:
+    """What of one DeepSpeed run decides its memory, besides the model's shape: the input of
+    `estimate_run`, built by the trainer's plan (`from_resolved`), the picker and the tests."""
+
+    zero_stage: int
+    offload_optimizer: bool
+    offload_param: bool
+    world_size: int
+    gpus_per_node: int
+    micro_batch_size: int
+    precision: str
+    activation_checkpointing: bool
+    chunked_loss: bool = False
+    """The LM loss is computed in chunks (--loss chunked): no full logits (activations.py)."""
+    zero: ZeroSettings = ZeroSettings()
+    """Bucket, prefetch and persistence sizes; DeepSpeed 0.19's defaults unless given."""
+    rank: int | None = None
+    """The rank to describe; None: the one holding the most (ZeRO-2 ranks differ slightly)."""
+
+    @classmethod
+    def from_resolved(
+        cls,
+        resolved: ResolvedDsConfig,
+        *,
+        world_size: int,
+        gpus_per_node: int,
+        activation_checkpointing: bool,
+        chunked_loss: bool,
+    ) -> DeepSpeedRun:
+        """The run a resolved DeepSpeed config describes, on `world_size` ranks."""
+        zero = resolved.config.get("zero_optimization", {})
+        return cls(
+            zero_stage=resolved.zero_stage,
+            offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none") != "none",
+            offload_param=zero.get("offload_param", {}).get("device", "none") != "none",
+            world_size=world_size,
+            gpus_per_node=gpus_per_node,
+            micro_batch_size=resolved.micro_batch_size,
+            precision=resolved.precision,
+            activation_checkpointing=activation_checkpointing,
+            chunked_loss=chunked_loss,
+            zero=ZeroSettings.from_ds_config(zero),
+        )
+
+
+# Units shared by the memory model, the communication model and the preset picker.
+
+GiB = 2**30
+PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
 
 CPU_BYTES_PER_RANK = 2 * GiB  # one rank's Python + torch + CUDA libraries, resident
 
@@ -98,20 +199,6 @@ class MemoryEstimate:
             held += d["grads_reduced_alive_at_step"] + d["reduce_buckets"]
             return held + 2 * d["params_gathered"]
         return held + 4 * self.num_params
-
-    def phase_bytes(self) -> dict[str, int]:
-        """Model states alive at two moments (for checks against a live engine).
-
-        "after_backward": weights, the reduced gradient buffer, master and moments;
-        "optimizer_step": weights, the fp32 step gradient and whatever reduced gradients are
-        still alive (ZeRO-3's permanent buffer), master and moments. Offloaded states and
-        gathered ZeRO-3 modules are excluded.
-        """
-        d, base = self.detail, self.resident_model_state_bytes
-        return {
-            "after_backward": base + d["grads_reduced"],
-            "optimizer_step": base + d["grads_fp32_step"] + d["grads_reduced_alive_at_step"],
-        }
 
     def describe(self) -> str:
         """One line: stage, offload, precision, GPUs and nodes, micro-batch, checkpointing."""
@@ -392,3 +479,189 @@ def _buffers(
         room = max(0, settings.max_live_parameters - largest_module_params(shape))
         out["prefetch_bucket"] = e * min(settings.prefetch_bucket_size, room)
     return out
+
+
+# Where GPT-2's parameters lie: the tensors in order, and ZeRO's partition of them per rank.
+
+
+def parameter_layout(shape: ModelShape) -> list[tuple[str, int]]:
+    """(name, elements) of GPT2LMHeadModel's parameters in `model.parameters()` order.
+
+    lm_head.weight is tied to transformer.wte.weight and so appears once, as DeepSpeed sees it.
+    """
+    d, f = shape.n_embd, 4 * shape.n_embd
+    out = [
+        ("transformer.wte.weight", shape.vocab_size * d),
+        ("transformer.wpe.weight", shape.block_size * d),
+    ]
+    for i in range(shape.n_layer):
+        p = f"transformer.h.{i}."
+        out += [
+            (p + "ln_1.weight", d), (p + "ln_1.bias", d),
+            (p + "attn.c_attn.weight", d * 3 * d), (p + "attn.c_attn.bias", 3 * d),
+            (p + "attn.c_proj.weight", d * d), (p + "attn.c_proj.bias", d),
+            (p + "ln_2.weight", d), (p + "ln_2.bias", d),
+            (p + "mlp.c_fc.weight", d * f), (p + "mlp.c_fc.bias", f),
+            (p + "mlp.c_proj.weight", f * d), (p + "mlp.c_proj.bias", d),
+        ]  # fmt: skip
+    return out + [("transformer.ln_f.weight", d), ("transformer.ln_f.bias", d)]
+
+
+def largest_module_params(shape: ModelShape) -> int:
+    """Elements of the module with the most parameters of its own (DeepSpeed's "largest layer")."""
+    d = shape.n_embd
+    return max(shape.vocab_size * d, shape.block_size * d, 4 * d * d + 4 * d, 3 * d * d + 3 * d)
+
+
+@dataclass(frozen=True)
+class Zero12Rank:
+    """One rank's share of ZeRO-1/2's flat buffer, in elements."""
+
+    partition: int  # elements of the flat buffer this rank owns (padded)
+    overlap: int  # elements of the whole tensors that overlap that partition
+    single_tensor: bool  # the partition lies inside one tensor
+
+
+def zero12_ranks(sizes: list[int], world: int) -> list[Zero12Rank]:
+    """DeepSpeed ZeRO-1/2's partitioning of the flat buffer (padded to 2*N), rank by rank."""
+    total = sum(sizes)
+    align = 2 * world  # nccl_start_alignment_factor x world size
+    part = math.ceil(total / align) * align // world
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    ranks = []
+    for r in range(world):
+        lo, hi = r * part, min((r + 1) * part, total)
+        if lo >= hi:
+            ranks.append(Zero12Rank(partition=part, overlap=0, single_tensor=True))
+            continue
+        first = bisect.bisect_right(starts, lo) - 1
+        last = bisect.bisect_left(starts, hi) - 1
+        overlap = starts[last + 1] - starts[first]
+        ranks.append(Zero12Rank(partition=part, overlap=overlap, single_tensor=first == last))
+    return ranks
+
+
+@dataclass(frozen=True)
+class Zero3Layout:
+    """One rank's ZeRO-3 parameter elements."""
+
+    partition: int  # this rank's elements over all parameters (each padded to N)
+    persistent: int  # elements of parameters kept whole on every rank
+
+
+def zero3_layout(shape: ModelShape, world: int, settings: ZeroSettings) -> Zero3Layout:
+    """DeepSpeed ZeRO-3's partition of every parameter (each padded to N) and its persistent
+    parameters (the small ones, up to the model-wide cap), kept whole on every rank."""
+    partition = persistent = 0
+    for _, n in parameter_layout(shape):
+        partition += math.ceil(n / world)
+        within_model_cap = persistent + n <= settings.model_persistence_threshold
+        if n <= settings.param_persistence_threshold and within_model_cap:
+            persistent += n
+    return Zero3Layout(partition=partition, persistent=persistent)
+
+
+# Activation memory: what autograd keeps for backward on one GPU for one micro-batch.
+
+# Saved activations per layer per (sequence position x batch x width), in bytes at 16 bits.
+# Korthikanti et al. 2022 count 34 (+ 5*a*s/h for the attention matrix). Measured on this
+# code's GPT2LMHeadModel (SDPA, dropout 0, torch's tanh GELU: model/gpt2.py use_fused_gelu)
+# with saved-tensor hooks: 36. With dropout 0 no masks are kept (-2); SDPA keeps q, k, v and
+# its output (+2); the GELU keeps its 4h-wide input, as Korthikanti count (transformers'
+# own "gelu_new" keeps four such tensors: 60). tests/test_memory.py re-measures it.
+ACT_BYTES_PER_SBH_16BIT = 36
+# SDPA (flash / memory-efficient kernels, on GPU and CPU) never materialises the a x s x s
+# attention matrix: it keeps a log-sum-exp of a*s fp32 values. Eager attention would add
+# 5*a*s*s*b bytes per layer (softmax output, dropout mask and output).
+EAGER_ATTN_BYTES_PER_ASSB = 5
+# Logits: cross-entropy keeps the fp32 log-softmax (4 bytes per vocabulary entry), and its
+# backward holds two fp32 gradients of that size at once: 12 bytes x batch x seq x vocab.
+LOGIT_BYTES_PER_ELEMENT = 12
+
+
+def chunked_loss_bytes(shape: ModelShape, micro_batch_size: int, precision: str) -> tuple[int, int]:
+    """(kept for backward, transient in forward) bytes of the chunked loss (chunked_loss.py).
+
+    Kept: the gradients of the hidden states (tokens x width) and of the head's weight (vocab
+    x width), in the run precision. Transient while they are built: one chunk of logits (fp32,
+    plus the 16-bit matmul output it is upcast from) and, below fp32, the weight gradient's
+    fp32 accumulator with one 16-bit chunk product (in fp32 runs the accumulator is the kept
+    gradient). The chunk is a GPU's (on CPU it is smaller: an over-estimate there, which also
+    covers a CPU's block of gathered 16-bit logit gradients, 64 MiB against 256 MiB).
+    """
+    tokens, vocab, width = micro_batch_size * shape.block_size, shape.vocab_size, shape.n_embd
+    w = PRECISION_BYTES[precision]
+    kept = tokens * width * w + vocab * width * w
+    chunk = min(chunk_rows(vocab), tokens) * vocab * (4 + (w if w < 4 else 0))
+    accumulator = vocab * width * (4 + w) if w < 4 else 0
+    return kept, accumulator + chunk
+
+
+def logit_bytes(shape: ModelShape, micro_batch_size: int, precision: str, chunked: bool) -> int:
+    """Peak bytes of the LM head's loss for one micro-batch: the full logits'
+    LOGIT_BYTES_PER_ELEMENT x tokens x vocab (GPT2LMHeadModel), or the chunked loss's."""
+    if chunked:
+        return sum(chunked_loss_bytes(shape, micro_batch_size, precision))
+    return LOGIT_BYTES_PER_ELEMENT * micro_batch_size * shape.block_size * shape.vocab_size
+
+
+def activation_bytes(
+    shape: ModelShape,
+    micro_batch_size: int,
+    precision: str,
+    activation_checkpointing: bool,
+    sdpa: bool = True,
+    chunked_loss: bool = False,
+) -> dict[str, int]:
+    """Bytes kept for backward on one GPU: {"layers", "logits", "other"}.
+
+    Without checkpointing every layer keeps ACT_BYTES_PER_SBH_16BIT x s*b*h (x2 in fp32).
+    With it (non-reentrant, per block) each layer keeps only its input, s*b*h values, and one
+    layer's full set is rebuilt at a time during backward.
+    """
+    s, b, h = shape.block_size, micro_batch_size, shape.n_embd
+    scale = PRECISION_BYTES[precision] / 2
+    full_layer = ACT_BYTES_PER_SBH_16BIT * s * b * h * scale
+    if not sdpa:
+        full_layer += EAGER_ATTN_BYTES_PER_ASSB * shape.n_head * s * s * b * scale
+    if activation_checkpointing:
+        layers = shape.n_layer * 2 * s * b * h * scale + full_layer
+    else:
+        layers = shape.n_layer * full_layer
+    return {
+        "layers": int(layers),
+        "logits": logit_bytes(shape, micro_batch_size, precision, chunked_loss),
+        "other": int(4 * s * b * h * scale),  # embedding output, final LayerNorm in/out
+    }
+
+
+# Bytes each GPU sends per optimizer step under each ZeRO stage, and the time that takes.
+
+
+def comm_bytes_per_step(
+    shape: ModelShape, zero_stage: int, precision: str, world_size: int, grad_accum: int = 1
+) -> int:
+    """Bytes each GPU sends per optimizer step of `grad_accum` micro-batches.
+
+    Ring all-reduce of B gradient bytes: 2(N-1)/N x B. ZeRO-1/2 reduce-scatter gradients and
+    all-gather the updated 16-bit weights: the same 2(N-1)/N x B. ZeRO-2 reduce-scatters on
+    every micro-batch (stage 0/1 only at the step), ZeRO-3 also gathers weights twice per
+    micro-batch: 1.5x the all-reduce volume per micro-batch (ZeRO paper).
+    """
+    n = world_size
+    if n <= 1:
+        return 0
+    half = (n - 1) / n * PRECISION_BYTES[precision] * shape.num_params()  # one ring pass
+    passes = {0: 2, 1: 2, 2: grad_accum + 1, 3: 3 * grad_accum}[zero_stage]
+    return int(passes * half)
+
+
+def comm_seconds(
+    bytes_per_gpu: int, nodes: int, network_gbps: float, intra_node_gbps: float
+) -> float:
+    """Ring time: every GPU sends `bytes_per_gpu`; across nodes each node's network carries the
+    same volume per ring, so the slower of the intra-node link and the node's network rules."""
+    gbps = min(intra_node_gbps, network_gbps) if nodes > 1 else intra_node_gbps
+    return bytes_per_gpu * 8 / (gbps * 1e9)

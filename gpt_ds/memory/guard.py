@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.memory.constants import GiB
-from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, MemoryEstimate
+from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, GiB, MemoryEstimate
 from gpt_ds.memory.hardware import (
     CPU_USABLE_FRACTION,
     CUDA_CONTEXT_BYTES,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpt_ds.memory.constants import GiB
+from gpt_ds.memory.estimate import GiB
 
 # Headroom: the CUDA context, cuBLAS workspaces and NCCL buffers (1 GiB) come off the card,
 # and only 90% of the rest is planned for (allocator fragmentation, transient peaks).

@@ -19,17 +19,23 @@ from typing import Any
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
 from gpt_ds.dsconfig.schema import PRESET_DIR, PRESETS, load_ds_config
-from gpt_ds.memory.activations import ACT_BYTES_PER_SBH_16BIT
-from gpt_ds.memory.communication import comm_bytes_per_step, comm_seconds
-from gpt_ds.memory.constants import PRECISION_BYTES, GiB
-from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, MemoryEstimate, estimate_run
+from gpt_ds.memory.estimate import (
+    ACT_BYTES_PER_SBH_16BIT,
+    CPU_BYTES_PER_RANK,
+    PRECISION_BYTES,
+    DeepSpeedRun,
+    GiB,
+    MemoryEstimate,
+    comm_bytes_per_step,
+    comm_seconds,
+    estimate_run,
+)
 from gpt_ds.memory.hardware import (
     CPU_USABLE_FRACTION,
     CUDA_CONTEXT_BYTES,
     GPU_USABLE_FRACTION,
     Hardware,
 )
-from gpt_ds.memory.settings import DeepSpeedRun
 from gpt_ds.model.gpt2 import ModelShape, flops_per_token, shape_problems
 
 DS_CONFIG_DIR = PRESET_DIR  # the presets, installed or in a checkout
@@ -38,7 +44,7 @@ DS_CONFIG_DIR = PRESET_DIR  # the presets, installed or in a checkout
 DEFAULT_GPU_TFLOPS = {"bf16": 100.0, "fp16": 100.0, "fp32": 25.0}  # achieved, per GPU
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeedCPUAdam, per node
 RECOMPUTE_FACTOR = 4 / 3  # activation checkpointing re-runs the forward: 8 instead of 6 FLOPs
-CHUNKED_LOSS = True  # the trainer's default --loss chunked: no full logits (activations.py)
+CHUNKED_LOSS = True  # the trainer's default --loss chunked: no full logits (memory/estimate.py)
 
 
 # What the picker tries (each with and without activation checkpointing): the plain

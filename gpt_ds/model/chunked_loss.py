@@ -165,7 +165,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss_sum, grad = _block_loss_and_grad(h, weight, y, chunk, count)
             total += loss_sum
             grad_hidden[start : start + chunk.block] = _add_head_grads(grad, h, weight, grad_weight)
-            del grad  # one block alive at a time (memory/activations.py counts it)
+            del grad  # one block alive at a time (memory/estimate.py counts it)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return total / count
 

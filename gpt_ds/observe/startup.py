@@ -9,11 +9,8 @@ import socket
 
 from gpt_ds.base import dist, logs
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
-from gpt_ds.memory import (
-    MemoryEstimate,
-    comm_bytes_per_step,
-    measured_model_state_bytes,
-)
+from gpt_ds.memory.estimate import MemoryEstimate, comm_bytes_per_step
+from gpt_ds.memory.measure import measured_model_state_bytes
 from gpt_ds.model.gpt2 import ModelShape
 from gpt_ds.observe.metrics import peak_memory_gib
 

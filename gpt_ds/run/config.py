@@ -15,20 +15,24 @@ from pathlib import Path
 from typing import Any
 
 from gpt_ds.base import cli, dist, logs
+from gpt_ds.base.cli import tool
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.base.flag_file import load_flag_file
-from gpt_ds.base.tool_names import tool
 from gpt_ds.checkpoint.integrity import ALLOW_HELP
 from gpt_ds.checkpoint.manifest import replayed_flags
-from gpt_ds.data.spec import DEFAULT_DATA_DIR, data_specs
-from gpt_ds.data.token_format import rebuild_command
+from gpt_ds.data.mixture import DEFAULT_DATA_DIR, data_specs
+from gpt_ds.data.tokens import rebuild_command
 from gpt_ds.dsconfig.lr_schedule import SCHEDULES
-from gpt_ds.dsconfig.resolve import DEFAULT_GRAD_ACCUM, DEFAULT_GRAD_CLIP, DEFAULT_MICRO_BATCH
+from gpt_ds.dsconfig.resolve import (
+    DEFAULT_GRAD_ACCUM,
+    DEFAULT_GRAD_CLIP,
+    DEFAULT_MICRO_BATCH,
+    RunSettings,
+)
 from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS
 from gpt_ds.dsconfig.schema import PRESETS, preset_path
-from gpt_ds.dsconfig.settings import RunSettings
 from gpt_ds.model.gpt2 import MODEL_PRESETS, resolve_shape, shape_problems
-from gpt_ds.observe import rss
+from gpt_ds.observe.metrics import RELEASE_CHOICES
 
 option = cli.option
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")
@@ -236,8 +240,8 @@ class RunConfig:
         "auto",
         "Give freed host memory blocks (1 MiB and up) back to the kernel at once: on, off, or "
         "auto (on for CPU ranks and models of 100M+ parameters; see "
-        "gpt_ds/observe/rss.py).",
-        choices=rss.CHOICES,
+        "gpt_ds/observe/metrics.py).",
+        choices=RELEASE_CHOICES,
     )
     dry_run: bool = option(
         False,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpt_ds.base.errors import CheckpointError, ConfigError
-from gpt_ds.checkpoint import CheckpointRef, is_checkpoint_dir, resolve
+from gpt_ds.checkpoint.tags import CheckpointRef, is_checkpoint_dir, resolve
 from gpt_ds.model.gpt2 import (
     ModelShape,
     padded_vocab,

@@ -14,20 +14,17 @@ from typing import Any
 
 from gpt_ds.base import dist
 from gpt_ds.base.errors import CheckpointError, ConfigError, GptDsError
-from gpt_ds.checkpoint import (
-    MANIFEST,
+from gpt_ds.checkpoint.batch import Batch, check_batch
+from gpt_ds.checkpoint.checkpointer import check_model, check_same_data, damaged_files
+from gpt_ds.checkpoint.integrity import unverified_reason
+from gpt_ds.checkpoint.manifest import MANIFEST, needs_universal
+from gpt_ds.checkpoint.tags import (
     CheckpointRef,
-    check_model,
-    check_same_data,
     check_writable,
     complete_tags,
-    damaged_files,
-    needs_universal,
     partial_dirs,
     resolve,
-    unverified_reason,
 )
-from gpt_ds.checkpoint.batch import Batch, check_batch
 from gpt_ds.data.mixture import DataMix, load_mix
 from gpt_ds.dsconfig.lr_schedule import with_schedule
 from gpt_ds.dsconfig.monitors import check_monitors, with_monitor_flags
@@ -35,7 +32,7 @@ from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
 from gpt_ds.dsconfig.run_length import RunLength, asked_length, has_budget, run_length
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.launch.gpu_support import check_gpu_support
-from gpt_ds.memory import DeepSpeedRun, MemoryEstimate, estimate_run
+from gpt_ds.memory.estimate import DeepSpeedRun, MemoryEstimate, estimate_run
 from gpt_ds.memory.guard import check_fits, device_memory_bytes
 from gpt_ds.model.gpt2 import (
     ModelShape,
@@ -43,9 +40,8 @@ from gpt_ds.model.gpt2 import (
 )
 from gpt_ds.run import lock as run_lock
 from gpt_ds.run.config import RunConfig, run_settings, validate
-from gpt_ds.run.earlier_run import AUTO, auto_starts, check_fresh_start
 from gpt_ds.run.init_source import InitSource, model_source
-from gpt_ds.run.lock import RunLock
+from gpt_ds.run.lock import AUTO, RunLock, auto_starts, check_fresh_start
 
 
 @dataclass(frozen=True, kw_only=True)

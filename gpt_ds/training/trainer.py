@@ -8,41 +8,267 @@ best validation loss and its tag) lives on the object, and goes into every check
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import signal
+import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as tdist
 
 from gpt_ds.base import dist
+from gpt_ds.base.cli import tool
+from gpt_ds.base.dist import command_line, parent_pid
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.base.phases import phase
-from gpt_ds.base.tool_names import tool
-from gpt_ds.checkpoint import (
-    Checkpointer,
-    CheckpointRef,
-    Manifest,
-    convert_on_rank0,
-    latest_tag,
-    needs_universal,
-)
+from gpt_ds.checkpoint.checkpointer import Checkpointer
+from gpt_ds.checkpoint.manifest import Manifest, needs_universal
+from gpt_ds.checkpoint.tags import CheckpointRef, latest_tag
 from gpt_ds.data.mixture import DataMix, MixtureWindows
 from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.dsconfig.monitors import describe
 from gpt_ds.model.gpt2 import flops_per_token, lm_loss
 from gpt_ds.observe import startup
-from gpt_ds.observe.metrics import MetricsLogger, RunFacts, peak_memory_gib, rewind
-from gpt_ds.observe.monitoring import EngineMonitor
-from gpt_ds.observe.peak_flops import resolve_peak
-from gpt_ds.observe.profile import StepProfiler
-from gpt_ds.observe.rss import release_freed_blocks, wants_release
+from gpt_ds.observe.metrics import (
+    EngineMonitor,
+    MetricsLogger,
+    RunFacts,
+    peak_memory_gib,
+    release_freed_blocks,
+    resolve_peak,
+    rewind,
+    wants_release,
+)
 from gpt_ds.observe.watchdog import Watchdog
 from gpt_ds.run.plan import RunPlan
-from gpt_ds.training.early_stop import EarlyStop
 from gpt_ds.training.engine_build import build_engine
 from gpt_ds.training.evaluation import evaluate_mix
-from gpt_ds.training.step_results import LogWindow, PendingSteps, StepResult
-from gpt_ds.training.stop_request import StopRequest
+
+if TYPE_CHECKING:
+    from gpt_ds.observe.profile import StepProfiler
+
+# Early stopping: end a run once its val loss has stopped improving (`--early_stop_patience`).
+#
+# Counted over evaluations, not checkpoints: an evaluation improves when its loss is below the
+# best seen by more than `min_delta`; `patience` evaluations in a row that do not end the run.
+# The count and the best are part of every checkpoint (Manifest.early_stop), so a resumed run
+# stops where the uninterrupted one would have.
+
+
+@dataclass
+class EarlyStop:
+    patience: int  # 0: never stops the run
+    min_delta: float = 0.0
+    best: float | None = None  # the best val loss seen, and where
+    best_iter: int | None = None
+    stale: int = 0  # evaluations since the last improvement
+
+    def observe(self, val_loss: float, iteration: int) -> bool:
+        """Count one evaluation; True when the run should stop here."""
+        if self.best is None or val_loss < self.best - self.min_delta:
+            self.best, self.best_iter, self.stale = val_loss, iteration, 0
+            return False
+        self.stale += 1
+        return 0 < self.patience <= self.stale
+
+    def reason(self) -> str:
+        return (
+            f"early stop: {self.stale} evaluations without a val loss below {self.best:.4f} "
+            f"(iteration {self.best_iter}) by more than {self.min_delta:g}"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k not in ("patience", "min_delta")}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """A checkpoint's state; None (saved before it was kept) starts counting afresh."""
+        if state:
+            self.best, self.best_iter = state["best"], state["best_iter"]
+            self.stale = state["stale"]
+
+
+# A stop request from outside: SIGTERM/SIGINT (preemption, Ctrl-C, Slurm's warning signal), or
+# the launch that started this rank going away.
+#
+# The handler only records the request; the training loop checks it once per step, agrees on it
+# across ranks, and stops after saving a checkpoint.
+#
+# Why the watch: on one node, SIGTERM to the `deepspeed` command (the pid a user or a job script
+# knows) kills DeepSpeed's runner at once without telling its launcher, and the ranks would train
+# on, orphaned, to the end with no save. So a rank started by `deepspeed.launcher.launch` checks
+# every second that its launcher is alive and that the launcher's parent (the runner, or the
+# shell pdsh/ssh opened for it on another node) still is; when either is gone, it stops as for
+# SIGTERM. A launcher started by hand from a shell is not tied to that shell.
+
+WATCH_SECONDS = 1.0
+
+
+class StopRequest:
+    """Set by SIGTERM/SIGINT once installed, or by the launch watch; `reason` says why (None:
+    no request)."""
+
+    def __init__(self, watch_launch: bool = True) -> None:
+        self.reason: str | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+        self._closed = threading.Event()
+        self._watcher: threading.Thread | None = None
+        watched = launch_processes() if watch_launch else None
+        if watched is not None:
+            self._watcher = threading.Thread(
+                target=self._watch, args=watched, name="gpt_ds-launch-watch", daemon=True
+            )
+            self._watcher.start()
+
+    def close(self) -> None:
+        """End the watch before the interpreter exits: a daemon thread woken during
+        finalisation is torn down by pthread_exit, which can abort the process."""
+        self._closed.set()
+        if self._watcher is not None:
+            self._watcher.join()
+
+    def _handle(self, signum, _frame) -> None:
+        self.reason = f"received {signal.Signals(signum).name}"
+
+    def _watch(self, launcher: int, starter: int | None) -> None:
+        while not self._closed.wait(WATCH_SECONDS):
+            if os.getppid() != launcher:
+                self.reason = f"DeepSpeed's launcher (pid {launcher}) is gone"
+            elif starter is not None and parent_pid(launcher) != starter:
+                self.reason = f"the process that started the launch (pid {starter}) is gone"
+            if self.reason is not None:
+                return
+
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
+
+def launch_processes() -> tuple[int, int | None] | None:
+    """(launcher pid, pid of the DeepSpeed process that started it or None) when this rank is
+    a child of `deepspeed.launcher.launch`; None otherwise (python train.py, torchrun, srun)."""
+    launcher = os.getppid()
+    if "deepspeed.launcher.launch" not in command_line(launcher):
+        return None
+    starter = parent_pid(launcher)
+    # the runner (`.../bin/deepspeed ...`) or pdsh's `bash -c "... deepspeed.launcher.launch"`
+    tied = starter is not None and starter > 1 and "deepspeed" in command_line(starter)
+    return launcher, starter if tied else None
+
+
+# Each step's loss and gradient norm, kept on the device until the host needs them.
+#
+# Reading a device value waits for every kernel queued before it, and the GPU then idles while
+# the host launches the next step: a per-step `.item()` costs a GPU run most of its lead. The
+# trainer reads the steps it holds only where it must anyway: at a log line, before an
+# evaluation or a checkpoint (a non-finite loss or gradient is caught before anything is saved),
+# and at the end; one all-reduce and one copy for all of them.
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One optimizer step as the host reads it: the loss averaged over ranks, the global
+    gradient norm (None where the engine gives none) and whether DeepSpeed skipped it."""
+
+    iteration: int
+    loss: float
+    grad_norm: float | None
+    skipped: bool
+
+    @property
+    def finite(self) -> bool:
+        norm_ok = self.grad_norm is None or math.isfinite(self.grad_norm)
+        return math.isfinite(self.loss) and norm_ok and not self.skipped
+
+
+class PendingSteps:
+    """Steps trained but not read yet."""
+
+    def __init__(self) -> None:
+        self.iterations: list[int] = []
+        self.losses: list[torch.Tensor] = []  # 0-d, on the device
+        self.norms: list[torch.Tensor | float | None] = []
+        self.skipped: list[bool] = []
+
+    def clear(self) -> None:
+        for pending in (self.iterations, self.losses, self.norms, self.skipped):
+            pending.clear()
+
+    def __len__(self) -> int:
+        return len(self.iterations)
+
+    def add(
+        self, it: int, loss: torch.Tensor, grad_norm: torch.Tensor | float | None, skipped: bool
+    ) -> None:
+        """Step `it`: this rank's mean loss, the engine's gradient norm (a tensor, a float or
+        None, as DeepSpeed gives it) and whether it skipped the step. Nothing is read."""
+        self.iterations.append(it)
+        self.losses.append(loss.detach().reshape(()))
+        norm = grad_norm.detach().reshape(()) if isinstance(grad_norm, torch.Tensor) else grad_norm
+        self.norms.append(norm)
+        self.skipped.append(skipped)
+
+    def read(self) -> list[StepResult]:
+        """Every pending step, read: one all-reduce of the losses, one copy to the host."""
+        if not self:
+            return []
+        losses = torch.stack(self.losses).to(torch.float64)
+        if dist.world_size() > 1 and tdist.is_initialized():
+            tdist.all_reduce(losses, op=tdist.ReduceOp.SUM)
+            losses /= dist.world_size()
+        norms = [n.to(losses) if isinstance(n, torch.Tensor) else n for n in self.norms]
+        on_device = [n for n in norms if isinstance(n, torch.Tensor)]
+        values = torch.cat([losses, *(n.reshape(1) for n in on_device)]).tolist()
+        loss_values, device_norms = values[: len(losses)], iter(values[len(losses) :])
+        results = [
+            StepResult(it, loss, _host_norm(norm, device_norms), skipped)
+            for it, loss, norm, skipped in zip(
+                self.iterations, loss_values, norms, self.skipped, strict=True
+            )
+        ]
+        self.clear()
+        return results
+
+
+def _host_norm(norm: torch.Tensor | float | None, read) -> float | None:
+    """The host value of a norm: the next value read for a tensor, else the number itself."""
+    if isinstance(norm, torch.Tensor):
+        return next(read)
+    return None if norm is None else float(norm)
+
+
+@dataclass
+class LogWindow:
+    """Training iterations since the last log line (losses, time spent in steps only)."""
+
+    loss_sum: float = 0.0
+    steps: int = 0
+    seconds: float = 0.0
+    since_eval: list[float] = field(default_factory=list)  # losses since the last evaluation
+
+    def add(self, results: list[StepResult], seconds: float) -> None:
+        """Steps read from the device, and the training time they took."""
+        for r in results:
+            self.loss_sum += r.loss
+            self.since_eval.append(r.loss)
+        self.steps += len(results)
+        self.seconds += seconds
+
+    def take_log(self) -> tuple[float, int, float]:
+        """(mean loss, steps, seconds) since the last log line, and start a new log window."""
+        mean = self.loss_sum / self.steps
+        taken = (mean, self.steps, self.seconds)
+        self.loss_sum, self.steps, self.seconds = 0.0, 0, 0.0
+        return taken
+
+    def take_eval_mean(self) -> float | None:
+        """The mean training loss since the last evaluation, and start a new eval window."""
+        losses, self.since_eval = self.since_eval, []
+        return sum(losses) / len(losses) if losses else None
 
 
 class Trainer:
@@ -115,13 +341,16 @@ class Trainer:
             self.evaluate(0)  # where the given weights start: the baseline of a fine-tune
         self.engine.train()
         first = self.iteration + 1
-        self.profiler = StepProfiler(self.cfg.out_dir, first, self.max_iters, self.cfg.profile)
+        if self.cfg.profile:  # only a profiled run loads the profiler and its trace analysis
+            from gpt_ds.observe.profile import StepProfiler
+
+            self.profiler = StepProfiler(self.cfg.out_dir, first, self.max_iters, enabled=True)
         self.watchdog = Watchdog.start(
             self.cfg.out_dir, dist.rank(), dist.world_size(), self.cfg.hang_timeout
         )
         for it in range(first, self.max_iters + 1):
             t0 = time.perf_counter()
-            with self.profiler.step(it):
+            with self.profiler.step(it) if self.profiler else contextlib.nullcontext():
                 stop_requested = self.train_step(it)
             if it == first:
                 self._first_step_report(time.perf_counter() - t0)
@@ -154,6 +383,8 @@ class Trainer:
         startup.run_summary(name, self.shape, ds, self.plan.data)
         resume = self.plan.resume
         if resume is not None and needs_universal(resume.manifest, dist.world_size()):
+            from gpt_ds.checkpoint.universal import convert_on_rank0  # another world size only
+
             resume = convert_on_rank0(resume)  # the DeepSpeed config already loads universal
         if wants_release(cfg.release_host_memory, dist.device().type, self.shape.num_params()):
             dist.print0(release_freed_blocks())  # every rank: before the model exists

@@ -7,7 +7,7 @@ step so Adam has its state, then on a second step measures twice with
 gpt_ds.memory.measured_model_state_bytes: after backward, and from inside the inner
 optimizer's step (when the fp32 gradient partition exists). Each rank prints one line per
 config to --out_dir/rank{R}.jsonl (one file per rank: launcher output interleaves) with
-both measurements and gpt_ds.memory.estimate_run's prediction for that rank (`phase_bytes()`).
+both measurements and gpt_ds.memory.estimate_run's prediction for that rank (`phase_bytes`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import deepspeed
 import torch
 import torch.distributed as tdist
 
-from gpt_ds.memory import DeepSpeedRun, ZeroSettings, estimate_run, measured_model_state_bytes
+from gpt_ds.memory.estimate import DeepSpeedRun, MemoryEstimate, ZeroSettings, estimate_run
+from gpt_ds.memory.measure import measured_model_state_bytes
 from gpt_ds.model.gpt2 import build_model, resolve_shape
 
 REDUCE_BUCKET = 5_000_000  # small: the buckets are not measured, and CPU RAM is shared
@@ -85,10 +86,25 @@ def measure(stage: int, precision: str, args: argparse.Namespace) -> dict:
         "precision": precision,
         "num_params": shape.num_params(),
         "measured": {"after_backward": after_backward, "optimizer_step": at_step},
-        "predicted": est.phase_bytes(),
+        "predicted": phase_bytes(est),
         "detail": {k: v for k, v in est.detail.items() if not k.startswith(("cpu", "activ"))},
     }
     return result
+
+
+def phase_bytes(est: MemoryEstimate) -> dict[str, int]:
+    """The estimate's model states alive at the two moments measured.
+
+    "after_backward": weights, the reduced gradient buffer, master and moments;
+    "optimizer_step": weights, the fp32 step gradient and whatever reduced gradients are
+    still alive (ZeRO-3's permanent buffer), master and moments. Offloaded states and
+    gathered ZeRO-3 modules are excluded.
+    """
+    d, base = est.detail, est.resident_model_state_bytes
+    return {
+        "after_backward": base + d["grads_reduced"],
+        "optimizer_step": base + d["grads_fp32_step"] + d["grads_reduced_alive_at_step"],
+    }
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ import numpy as np
 import tiktoken
 
 from gpt_ds.data.prepare.inputs import CHUNK_CHARS, SPLITS, Piece
-from gpt_ds.data.token_format import DTYPE
 from gpt_ds.data.tokenizer import EOT_TOKEN, get_encoding
+from gpt_ds.data.tokens import DTYPE
 
 
 class Task(NamedTuple):

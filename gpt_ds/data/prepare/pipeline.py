@@ -50,7 +50,7 @@ would be read as nanoGPT's).
 
 Code: finding, reading and hashing the inputs and the split are in ``gpt_ds.data.prepare.inputs``;
 Parquet/Arrow and Hugging Face inputs in ``gpt_ds.data.prepare.tables``; encoding and the split
-files in ``gpt_ds.data.prepare.encode``; the format constants in ``gpt_ds.data.token_format``. This
+files in ``gpt_ds.data.prepare.encode``; the format constants in ``gpt_ds.data.tokens``. This
 module holds the options and the job that ties them together.
 """
 
@@ -64,8 +64,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpt_ds.base.cli import option
+from gpt_ds.base.dist import pid_alive
 from gpt_ds.base.errors import ConfigError, DataError
-from gpt_ds.base.processes import pid_alive
 from gpt_ds.data.prepare.encode import (
     SplitWriter,
     batch_tasks,
@@ -81,7 +81,6 @@ from gpt_ds.data.prepare.inputs import (
     read_pieces,
 )
 from gpt_ds.data.prepare.tables import hf_dataset_files
-from gpt_ds.data.token_format import DTYPE, FORMAT, FORMAT_VERSION, INCOMPLETE_MARKER
 from gpt_ds.data.tokenizer import (
     EOT_TOKEN,
     TOKENIZER_NAME,
@@ -89,6 +88,7 @@ from gpt_ds.data.tokenizer import (
     get_encoding,
     tokenizer_fingerprint,
 )
+from gpt_ds.data.tokens import DTYPE, FORMAT, FORMAT_VERSION, INCOMPLETE_MARKER
 
 SPLIT_RULE = (
     "text file: characters [0, int(n*(1-f))) train, rest val; JSONL or table document i "
