@@ -150,7 +150,9 @@ def test_the_path_from_main_to_the_first_step_crosses_few_files(shakespeare_dir,
     (tests/scripts/trace_step_path.py): the gpt_ds files whose functions ran are few, and
     docs/development.md lists each of them (its "Path to the step")."""
     out = tmp_path / "trace.json"
-    args = tiny_run_args(shakespeare_dir, tmp_path / "run", max_iters=2, eval_interval=0)
+    args = tiny_run_args(
+        shakespeare_dir, tmp_path / "run", max_iters=2, warmup_iters=1, eval_interval=0
+    )
     run_python([str(REPO / "tests" / "scripts" / "trace_step_path.py"), str(out), "--", *args])
     files = json.loads(out.read_text())["files"]
     assert len(files) <= MAX_STEP_PATH_FILES, f"{len(files)} files: {files}"

@@ -55,6 +55,24 @@ def test_conflicting_or_bad_budgets_are_named():
         run_length(decay_beyond, tokens_per_iter=256, train_tokens=10**6)
 
 
+def test_a_budget_run_resolves_its_deepspeed_config_once(shakespeare_dir, tmp_path, monkeypatch):
+    """The schedule of a --max_tokens run spans the steps its resolved batch gives the budget,
+    from one resolution (no stand-in length resolved first), planned in this process."""
+    from gpt_ds.dsconfig import resolve
+    from gpt_ds.run import plan
+
+    calls = []
+    real = resolve.resolve_ds_config
+    monkeypatch.setattr(plan, "resolve_ds_config", lambda *a, **k: calls.append(1) or real(*a, **k))
+    flags = ["--data_dir", str(shakespeare_dir), "--out_dir", str(tmp_path / "run"),
+             "--block_size", "64", "--micro_batch_size", "4", "--grad_accum", "2",
+             "--max_tokens", "5000", "--precision", "fp32"]  # fmt: skip
+    planned = plan.plan_run(cfg(*flags))
+    assert len(calls) == 1
+    assert planned.length.max_iters == math.ceil(5000 / (4 * 2 * 64)) == 10
+    assert planned.ds.config["scheduler"]["params"]["total_num_steps"] == 10
+
+
 @pytest.mark.slow
 def test_a_run_trains_for_a_share_of_an_epoch(shakespeare_dir, tmp_path):
     train_tokens = json.loads((shakespeare_dir / "meta.json").read_text())["train_tokens"]

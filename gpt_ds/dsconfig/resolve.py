@@ -17,8 +17,10 @@ to 2; the schema rejects both.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, TypeGuard
@@ -63,8 +65,10 @@ class RunSettings:
     """Learning rate at the end of the cosine (scheduler cos_min_ratio = min_lr / lr)."""
     warmup_iters: int | None = None
     """Linear warmup steps (scheduler warmup_num_steps)."""
-    max_iters: int
-    """Optimizer steps of the whole run (scheduler total_num_steps)."""
+    max_iters: int | None = None
+    """Optimizer steps the schedule spans (scheduler total_num_steps): --lr_decay_iters, else
+    the run's steps. None: `resolve_ds_config`'s `decay_steps` gives them once the batch is
+    known (a budget in tokens or epochs)."""
     grad_clip: float | None = None
     """Global gradient-norm clip (gradient_clipping); 0 disables it."""
     precision: str | None = None
@@ -89,7 +93,7 @@ class RunSettings:
             return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
         check("world_size", positive_int, "a positive integer", optional=False)
-        check("max_iters", positive_int, "a positive integer", optional=False)
+        check("max_iters", positive_int, "a positive integer")
         check("micro_batch_size", positive_int, "a positive integer")
         check("grad_accum", positive_int, "a positive integer")
         check("warmup_iters", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
@@ -164,12 +168,17 @@ class ResolvedDsConfig:
 
 
 def resolve_ds_config(
-    raw: dict, run: RunSettings, source: str = "the DeepSpeed config"
+    raw: dict,
+    run: RunSettings,
+    source: str = "the DeepSpeed config",
+    decay_steps: Callable[[int], int] | None = None,
 ) -> ResolvedDsConfig:
     """Fill every "auto" of a schema-valid config from `run` (or a default), check the batch
     arithmetic, pick the precision and check that enabled monitors can be imported. A value set
     both in the config and on the command line must agree. Raises one ConfigError with every
-    problem; `raw` is not modified."""
+    problem; `raw` is not modified. `decay_steps(sequences per step)`, for a run whose length
+    follows from its batch, gives the steps the schedule spans once the batch is resolved: one
+    resolution, whatever the length is given in."""
     problems = validate_ds_config(raw)
     if problems:
         raise ConfigError(problems, source)
@@ -179,6 +188,8 @@ def resolve_ds_config(
 
     r = _Resolver(copy.deepcopy(raw), run, source)
     micro, accum, total = r.batch()
+    if decay_steps is not None:
+        r.run = dataclasses.replace(run, max_iters=decay_steps(total))
     precision = r.precision()
     lr, min_lr, warmup = fill_optimizer_and_schedule(r)
     grad_clip = r.grad_clip()
@@ -512,9 +523,11 @@ def fill_optimizer_and_schedule(r: _Resolver) -> tuple[float, float, int]:
     kind = scheduler["type"] if scheduler is not None else None
     params = scheduler.setdefault("params", {}) if scheduler is not None else {}
 
+    steps = r.run.max_iters
+    assert steps is not None, "RunSettings.max_iters or resolve's decay_steps gives the length"
     lr, lr_from = _peak_lr(r, opt_params, kind, params)
     min_lr, min_lr_from, start_lr = _min_lr(r, kind, params, lr)
-    default_warmup = max(1, min(DEFAULT_MAX_WARMUP, r.run.max_iters // 10))
+    default_warmup = max(1, min(DEFAULT_MAX_WARMUP, steps // 10))
     warmup, warmup_from = r.pick(
         "scheduler.params.warmup_num_steps",
         params.get("warmup_num_steps"),
@@ -527,9 +540,9 @@ def fill_optimizer_and_schedule(r: _Resolver) -> tuple[float, float, int]:
     if warmup == 0:
         warmup = 1
         r.notes.append("warmup: 0 given; DeepSpeed's warmup schedules need >= 1, using 1")
-    if scheduler is not None and warmup > r.run.max_iters:
+    if scheduler is not None and warmup > steps:
         r.problems.append(
-            f"warmup_num_steps {warmup} ({warmup_from}) exceeds the run's {r.run.max_iters} "
+            f"warmup_num_steps {warmup} ({warmup_from}) exceeds the run's {steps} "
             "steps (--max_iters): the learning rate would never reach its peak"
         )
     if min_lr > lr:

@@ -51,13 +51,6 @@ def steps_asked(cfg: LengthFlags) -> int:
     return DEFAULT_MAX_ITERS if cfg.max_iters is None else cfg.max_iters
 
 
-def asked_length(cfg: LengthFlags) -> RunLength:
-    """The length of a run given in steps; for a budget, a stand-in long enough for any
-    batch, to resolve the batch with before `run_length` can count the budget's steps."""
-    iters = 10**9 if has_budget(cfg) else steps_asked(cfg)
-    return RunLength(max_iters=iters, decay_iters=cfg.lr_decay_iters or iters)
-
-
 def run_length(cfg: LengthFlags, tokens_per_iter: int, train_tokens: int) -> RunLength:
     """The steps `cfg` asks for; a budget in tokens or epochs becomes whole steps of
     `tokens_per_iter` (all ranks), said in `line`."""

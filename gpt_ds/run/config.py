@@ -288,13 +288,12 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
 
 def run_settings(
     cfg: RunConfig,
-    decay_iters: int,
     world_size: int | None = None,
     load_universal: bool = False,
     hidden_size: int | None = None,
 ) -> RunSettings:
-    """What the run decides for the DeepSpeed config (world size: the launcher's;
-    `decay_iters`: the planned schedule's length, run_length.RunLength)."""
+    """What the run decides for the DeepSpeed config (world size: the launcher's). The
+    schedule's length is not here: it follows from the resolved batch (plan.deepspeed_config)."""
     return RunSettings(
         load_universal=load_universal,
         hidden_size=hidden_size,
@@ -304,7 +303,6 @@ def run_settings(
         lr=cfg.lr,
         min_lr=cfg.min_lr,
         warmup_iters=cfg.warmup_iters,
-        max_iters=decay_iters,
         grad_clip=cfg.grad_clip,
         precision=None if cfg.precision == "auto" else cfg.precision,
     )
@@ -366,7 +364,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
     """Out-of-range numbers: those the DeepSpeed config depends on are RunSettings' to check;
     the rest here."""
     # the run's length is checked below; its schedule once planned (plan.py resolves it)
-    problems = run_settings(cfg, DEFAULT_MAX_ITERS).problems()
+    problems = run_settings(cfg).problems()
     rules = {  # field: (allow None, allow 0)
         "n_layer": (True, False),
         "n_head": (True, False),

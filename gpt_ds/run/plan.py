@@ -29,7 +29,7 @@ from gpt_ds.data.mixture import DataMix, load_mix
 from gpt_ds.dsconfig.lr_schedule import with_schedule
 from gpt_ds.dsconfig.monitors import check_monitors, with_monitor_flags
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
-from gpt_ds.dsconfig.run_length import RunLength, asked_length, has_budget, run_length
+from gpt_ds.dsconfig.run_length import RunLength, run_length
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.launch.gpu_support import check_gpu_support
 from gpt_ds.memory.estimate import DeepSpeedRun, MemoryEstimate, estimate_run
@@ -91,10 +91,8 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
         check_model(resume, asdict(shape))
     universal = resume is not None and needs_universal(resume.manifest, dist.world_size())
     data = load_mix(cfg.data_dir, shape.tokens, shape.block_size)
-    ds = deepspeed_config(cfg, shape, universal, asked_length(cfg))
+    ds = deepspeed_config(cfg, shape, universal, data.train_tokens)
     length = run_length(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
-    if has_budget(cfg):  # resolved again with the steps its batch gives the budget
-        ds = deepspeed_config(cfg, shape, universal, length)
     check_monitors(ds.config)
     check_not_past(resume, length)
     check_fresh_zero3(ds, init, resume, cfg.deepspeed_config)
@@ -115,10 +113,11 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
 
 
 def deepspeed_config(
-    cfg: RunConfig, shape: ModelShape, universal: bool, length: RunLength
+    cfg: RunConfig, shape: ModelShape, universal: bool, train_tokens: int
 ) -> ResolvedDsConfig:
     """The run's DeepSpeed config: the preset with the monitor flags and the schedule, every
-    "auto" filled from the run (its schedule from `length`)."""
+    "auto" filled from the run, resolved once: the schedule spans the run's length in steps,
+    which a budget in tokens or epochs gets from the resolved batch (`run_length`)."""
     raw = with_monitor_flags(
         load_ds_config(preset_path(cfg.deepspeed_config)),
         cfg.out_dir,
@@ -130,12 +129,15 @@ def deepspeed_config(
     raw = with_schedule(raw, cfg.lr_schedule)
     settings = run_settings(
         cfg,
-        length.decay_iters,
         world_size=dist.world_size(),  # the launcher's, before the process group exists
         load_universal=universal,
         hidden_size=shape.n_embd,
     )
-    return resolve_ds_config(raw, settings, source=cfg.deepspeed_config)
+
+    def decay_steps(sequences_per_step: int) -> int:
+        return run_length(cfg, sequences_per_step * shape.block_size, train_tokens).decay_iters
+
+    return resolve_ds_config(raw, settings, cfg.deepspeed_config, decay_steps)
 
 
 def check_fresh_zero3(
@@ -237,7 +239,7 @@ def resume_instead(plan: RunPlan, ref: CheckpointRef) -> RunPlan:
     world, ds = dist.world_size(), plan.ds
     universal = needs_universal(ref.manifest, world)
     if plan.resume is None or universal != needs_universal(plan.resume.manifest, world):
-        ds = deepspeed_config(plan.cfg, plan.shape, universal, plan.length)
+        ds = deepspeed_config(plan.cfg, plan.shape, universal, plan.data.train_tokens)
     for line in check_resume(ref, plan.cfg, ds, plan.shape, plan.data.identity()):
         dist.print0(line)
     return dataclasses.replace(plan, resume=ref, ds=ds)
