@@ -75,7 +75,7 @@ import torch
 from gpt_ds.base import dist
 from gpt_ds.checkpoint import Manifest
 from gpt_ds.checkpoint.checkpointer import Checkpointer, is_disk_error, is_peer_failure
-from gpt_ds.data.tokens import TrainWindows
+from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 
@@ -104,7 +104,7 @@ resolved = resolve_ds_config(load_ds_config(preset_path("zero1")), run, source="
 engine, *_ = deepspeed.initialize(
     model=model, model_parameters=model.parameters(), config=resolved.config
 )
-windows = TrainWindows(np.arange(1000, dtype=np.uint16), 8, 2, seed=1, rank=0)
+windows = TrainWindows(np.arange(1000, dtype=np.uint16), 8, 2, 1, 0, GlobalSplit(1, 1))
 checkpointer = Checkpointer(out)
 shape = {"n_layer": 1, "n_head": 1, "n_embd": 8, "block_size": 8, "vocab_size": 8}
 

@@ -7,7 +7,6 @@ engine state."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -25,8 +24,7 @@ from support.launch import run_deepspeed, tiny_run_args
 from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 
 from gpt_ds.base.errors import DataError
-from gpt_ds.checkpoint.batch import migrated_windows_state
-from gpt_ds.checkpoint.manifest import Manifest, migrate
+from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.observe.metrics import read_metrics
 
@@ -39,7 +37,8 @@ WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}
 
 
 def train_windows(batch: int, rank: int = 0, seed: int = 7) -> TrainWindows:
-    return TrainWindows(TOKENS, BLOCK, batch, seed=seed, rank=rank)
+    """Rank `rank`'s windows of a run of `rank + 1` ranks, one micro-batch of `batch` a step."""
+    return TrainWindows(TOKENS, BLOCK, batch, seed, rank, GlobalSplit(rank + 1, 1))
 
 
 def draw(s: TrainWindows, times: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,9 +66,9 @@ def test_windows_are_the_split_at_their_starts():
     assert np.array_equal(train_windows(4).starts(10, 6), s.starts(0, 16)[10:])  # any stretch
 
 
-def test_streams_differ_by_rank_and_seed_and_cover_the_split():
+def test_the_stream_is_the_runs_its_seed_decides_and_it_covers_the_split():
     base = train_windows(1).starts(0, 100)
-    assert not np.array_equal(base, train_windows(1, rank=1).starts(0, 100))
+    assert np.array_equal(base, train_windows(1, rank=1).starts(0, 100))  # not the rank's
     assert not np.array_equal(base, train_windows(1, seed=8).starts(0, 100))
     assert np.array_equal(base, train_windows(1).starts(0, 100))  # and nothing else
     counts = np.bincount(train_windows(1).starts(0, 50_000) * 10 // (len(TOKENS) - BLOCK - 1))
@@ -81,7 +80,7 @@ def test_state_counts_sequences_and_resumes_the_stream():
     draw(s, 3)
     state = s.state_dict()
     assert state == {
-        "seed": 7, "rank": 0, "stream": "per_rank", "sequences": 12, "micro_batch_size": 4
+        "seed": 7, "rank": 0, "stream": "global", "sequences": 12, "micro_batch_size": 4
     }  # fmt: skip
     resumed = train_windows(2)  # another split continues the same stream
     resumed.load_state_dict(state)
@@ -114,7 +113,6 @@ def test_the_global_stream_gives_every_split_of_a_global_batch_the_same_sequence
     one = TrainWindows(TOKENS, BLOCK, 24, seed=7, rank=0, split=GlobalSplit(1, 1))
     assert sum(ref, []) == one.starts(0, 24).tolist()  # the stream's sequences 0..23 in order
     assert len(set(ref_hashes)) == 3 and global_steps(2, 4, 1, 3, seed=8)[1] != ref_hashes
-    assert not np.array_equal(one.starts(0, 24), train_windows(24).starts(0, 24))  # not rank 0's
 
 
 def test_a_global_stream_state_resumes_on_another_world_size_and_keeps_its_kind():
@@ -129,37 +127,7 @@ def test_a_global_stream_state_resumes_on_another_world_size_and_keeps_its_kind(
     step3 = torch.cat([one.next_batch()[0] for _ in range(2)])
     assert step3[:, 0].tolist() == global_steps(2, 4, 1, steps=3)[0][2]
     with pytest.raises(DataError, match="of the per_rank stream, this run's global"):
-        one.load_state_dict(train_windows(4).state_dict())
-    with pytest.raises(DataError, match="of the global stream, this run's per_rank"):
-        train_windows(4).load_state_dict(state)
-
-
-def test_a_state_of_the_micro_batch_counting_stream_continues_after_its_sequences():
-    """Before the per-sequence stream, the state was `position`, micro-batches drawn: it
-    continues after position x the checkpoint's micro-batch (its manifest's, which then held
-    it only in the run's flags: `migrate` reads that layout), else this run's."""
-    old = {"seed": 7, "rank": 1, "position": 5}
-    manifest = Manifest(
-        **migrate(
-            {
-                "tag": "iter_5",
-                "iteration": 5,
-                "world_size": 2,
-                "zero_stage": 2,
-                "model": {"block_size": BLOCK},
-                "config": {"micro_batch_size": 3, "grad_accum": 1},
-                "files": {},
-            }
-        )
-    )
-    s = train_windows(6, rank=1)
-    s.load_state_dict(migrated_windows_state(old, manifest, micro_batch_now=6))
-    assert s.sequences == 15
-    unrecorded = dataclasses.replace(manifest, micro_batch_size=None)
-    s.load_state_dict(migrated_windows_state(old, unrecorded, micro_batch_now=6))
-    assert s.sequences == 30  # nothing recorded: this run's micro-batch
-    new = train_windows(3).state_dict()  # a current state keeps its own count
-    assert migrated_windows_state(new, manifest, micro_batch_now=6) == new
+        one.load_state_dict({**state, "stream": "per_rank"})  # an older gpt_ds's rank state
 
 
 # ---------------------------------------------------------------------------- real runs

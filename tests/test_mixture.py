@@ -19,6 +19,7 @@ from gpt_ds.data.tokens import GlobalSplit, TokenData, TrainWindows
 from gpt_ds.observe.metrics import read_metrics
 
 BLOCK = 16
+ONE = GlobalSplit(1, 1)  # one rank, no accumulation
 
 
 def source(low: int, n: int = 50_000) -> TokenData:
@@ -46,22 +47,23 @@ def test_the_flag_takes_weights_for_all_sources_or_none(tmp_path):
 
 
 def test_each_source_is_drawn_in_proportion_to_its_weight():
-    train_windows = MixtureWindows(MIX, BLOCK, batch_size=8, seed=3, rank=1)
+    train_windows = MixtureWindows(MIX, BLOCK, batch_size=8, seed=3, rank=1, split=ONE)
     firsts = np.concatenate([train_windows.next_batch()[0][:, 0].numpy() for _ in range(1000)])
     share_b = float(np.mean(firsts >= 5000))
     assert share_b == pytest.approx(0.7, abs=0.02)  # 8000 draws: sd 0.005
     # every window lies inside one source
-    x, _ = MixtureWindows(MIX, BLOCK, batch_size=64, seed=3, rank=1).next_batch()
+    x, _ = MixtureWindows(MIX, BLOCK, batch_size=64, seed=3, rank=1, split=ONE).next_batch()
     assert all(len({int(t) // 5000 for t in row}) == 1 for row in x)
 
 
 def test_a_split_batch_draws_the_same_sequences_and_one_source_is_the_plain_stream():
-    whole = MixtureWindows(MIX, BLOCK, batch_size=8, seed=5, rank=0).next_batch()[0]
-    split = MixtureWindows(MIX, BLOCK, batch_size=2, seed=5, rank=0)
+    whole = MixtureWindows(MIX, BLOCK, batch_size=8, seed=5, rank=0, split=ONE).next_batch()[0]
+    split = MixtureWindows(MIX, BLOCK, batch_size=2, seed=5, rank=0, split=ONE)
     assert np.array_equal(np.concatenate([split.next_batch()[0] for _ in range(4)]), whole)
     alone = DataMix(names=["a"], sources=[MIX.sources[0]], weights=[1.0])
-    plain = TrainWindows(alone.sources[0].train, BLOCK, 8, seed=5, rank=0).next_batch()[0]
-    assert np.array_equal(MixtureWindows(alone, BLOCK, 8, seed=5, rank=0).next_batch()[0], plain)
+    plain = TrainWindows(alone.sources[0].train, BLOCK, 8, 5, 0, ONE).next_batch()[0]
+    alone_windows = MixtureWindows(alone, BLOCK, 8, seed=5, rank=0, split=ONE)
+    assert np.array_equal(alone_windows.next_batch()[0], plain)
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ def test_every_earlier_manifest_layout_reads_as_this_format(step, stage_run, tmp
     one from before checksums is unverified."""
     src = stage_run(2)[0] / "final"
     today = json.loads((src / MANIFEST).read_text())
-    assert today["format_version"] == FORMAT_VERSION == 1
+    assert today["format_version"] == FORMAT_VERSION == 2
     tag_dir = tmp_path / "final"
     tag_dir.mkdir()
     (tag_dir / MANIFEST).write_text(json.dumps(layout(today, step)))
@@ -82,6 +82,20 @@ def test_every_earlier_manifest_layout_reads_as_this_format(step, stage_run, tmp
     assert m.data_stream == ("global" if step >= 5 else "per_rank")
     assert m.config == today["config"]
     assert (unverified_reason(m) is None) == (step >= 2)
+
+
+def test_a_version_1_manifest_keeps_each_fact_once_as_version_2(tmp_path):
+    """Version 1's plan record repeated the batch split, precision and stage beside the
+    manifest's own fields; read as version 2 it keeps them once, at the top."""
+    plan = {"max_iters": 24, "micro_batch_size": 4, "grad_accum": 2, "precision": "bf16",
+            "zero_stage": 2, "train_batch_size": 16}  # fmt: skip
+    v1 = {"tag": "final", "iteration": 24, "world_size": 2, "zero_stage": 2, "model": {},
+          "config": {}, "files": {}, "format_version": 1, "micro_batch_size": 4,
+          "grad_accum": 2, "precision": "bf16", "plan": plan}  # fmt: skip
+    (tmp_path / MANIFEST).write_text(json.dumps(v1))
+    m = Manifest.read(tmp_path)
+    assert m.format_version == 2 and m.plan == {"max_iters": 24, "train_batch_size": 16}
+    assert (m.micro_batch_size, m.grad_accum, m.precision, m.zero_stage) == (4, 2, "bf16", 2)
 
 
 def test_a_manifest_of_a_newer_format_is_refused_by_name(tmp_path):
@@ -223,3 +237,22 @@ def test_a_checkpoint_of_the_previous_layout_resumes_exactly(stage_run, shakespe
     out = run_deepspeed(args).stdout
     assert "checkpoint: iter_20 verified (" in out
     assert train_losses(run)[21] == train_losses(src)[21]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_the_per_rank_streams_starts_a_new_run_not_a_resume(
+    stage_run, shakespeare_dir, tmp_path
+):
+    """`iter_20` as the gpt_ds before the global data stream wrote it: `--resume` refuses it
+    before any work, naming `--init_from`; `--init_from` plans a new run from its weights.
+    Planned in this process (no ranks)."""
+    run = copied_run(stage_run(2)[0], tmp_path / "run")
+    before_global = [name for name, _ in LAYOUT_STEPS].index("global stream") - 1
+    rewrite_manifest(run / "iter_20", lambda m: layout(m, before_global))
+    resumed = run_args(shakespeare_dir, run, resume="iter_20")
+    with pytest.raises(CheckpointError) as err:
+        plan_run(parse_args(resumed))
+    assert f"{run}/iter_20" in str(err.value) and f"--init_from {run}:iter_20" in str(err.value)
+    fresh = run_args(shakespeare_dir, tmp_path / "new", init_from=f"{run}:iter_20", max_iters=5)
+    planned = plan_run(parse_args(fresh))
+    assert planned.resume is None and planned.init.checkpoint.tag == "iter_20"

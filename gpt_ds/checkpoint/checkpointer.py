@@ -33,7 +33,6 @@ import torch
 from gpt_ds.base import dist, logs
 from gpt_ds.base.cli import tool
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.checkpoint.batch import migrated_windows_state
 from gpt_ds.checkpoint.integrity import (
     ALGORITHM,
     checksum_problems,
@@ -377,9 +376,7 @@ class Checkpointer:
             iteration=manifest.iteration,
             best_val_loss=manifest.best_val_loss,
             best_tag=manifest.best_tag,
-            train_windows_state=migrated_windows_state(
-                self._load_rank_state(ref), manifest, engine.train_micro_batch_size_per_gpu()
-            ),
+            train_windows_state=self._load_rank_state(ref),
             manifest=manifest,
         )
 

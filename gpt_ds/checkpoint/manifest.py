@@ -22,7 +22,7 @@ from gpt_ds.base.errors import CheckpointError
 from gpt_ds.model.gpt2 import ModelShape
 
 MANIFEST = "gpt_ds.json"
-FORMAT_VERSION = 1  # of the manifest's layout; `migrate` reads every earlier one
+FORMAT_VERSION = 2  # of the manifest's layout; `migrate` reads every earlier one
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -60,7 +60,7 @@ class Manifest:
     tokens: int | None = None  # tokens trained on, all ranks (None: its batch never recorded)
     data: dict[str, Any] | None = None  # mixture.DataMix.identity (None: never recorded)
     early_stop: dict[str, Any] | None = None  # early_stop.EarlyStop's count and best
-    data_stream: str = "global"  # data.TrainWindows.stream: "global", or the older "per_rank"
+    data_stream: str = "global"  # data.tokens.STREAM; "per_rank" before it (not resumable)
     plan: dict[str, Any] | None = None  # what the run computed from its config (RunPlan.record)
 
     @property
@@ -113,7 +113,25 @@ def migrate(data: dict[str, Any], tag_dir: Path | str = "") -> dict[str, Any]:
     """A manifest's fields in this format's layout, from the layout of any gpt_ds that wrote
     one (a CheckpointError for a newer format). Version 0 is every manifest before
     `format_version` existed; fields it may lack are filled as those versions meant them."""
-    return _from_version_0(data) if _version(data, tag_dir) == 0 else data
+    version = _version(data, tag_dir)
+    if version == 0:
+        data, version = _from_version_0(data), 1
+    if version == 1:
+        data = _from_version_1(data)
+    return data
+
+
+# version 1's plan record repeated these manifest fields
+_REPEATED_IN_PLAN = ("micro_batch_size", "grad_accum", "precision", "zero_stage")
+
+
+def _from_version_1(old: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 to 2: each fact once; the plan record no longer repeats the batch split,
+    precision and stage the manifest holds."""
+    plan = old.get("plan")
+    if plan is not None:
+        plan = {k: v for k, v in plan.items() if k not in _REPEATED_IN_PLAN}
+    return dict(old, format_version=2, plan=plan)
 
 
 def _version(data: dict[str, Any], tag_dir: Path | str = "") -> int:

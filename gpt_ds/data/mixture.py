@@ -134,11 +134,11 @@ class MixtureWindows(TrainWindows):
 
     def __init__(
         self, mix: DataMix, block_size: int, batch_size: int, seed: int, rank: int,
-        split: GlobalSplit | None = None,
+        split: GlobalSplit,
     ):  # fmt: skip
         super().__init__(mix.sources[0].train, block_size, batch_size, seed, rank, split)
         self.per_source = [  # each scales a draw to its own length (offsets only)
-            TrainWindows(s.train, block_size, batch_size, seed, rank) for s in mix.sources
+            TrainWindows(s.train, block_size, batch_size, seed, rank, split) for s in mix.sources
         ]
         self.bounds = np.cumsum(mix.weights)[:-1]  # source k: unit in [bounds[k-1], bounds[k])
 

@@ -155,8 +155,9 @@ def _check_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
             )
 
 
-# the Philox key word of a run's one global stream (a per-rank stream uses the rank)
+# the Philox key word of a run's one global stream
 GLOBAL_STREAM = 2**64 - 1
+STREAM = "global"  # the stream a rank state and a manifest name (older gpt_ds: "per_rank")
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,7 @@ class GlobalSplit:
 
 
 class TrainWindows:
-    """The training windows a rank draws, from the run's one global stream of sequences, or,
-    in runs saved before it (`split` None), from a stream of the rank's own.
+    """The training windows a rank draws, from the run's one global stream of sequences.
 
     Sequence i starts at an offset drawn from Philox, a counter-based generator, at counter i:
     any stretch of a stream is computed directly, without drawing what comes before it. The
@@ -178,36 +178,30 @@ class TrainWindows:
     step takes the next global batch from a running count (`sequences`), rank r the r-th
     contiguous share of it and each micro-batch the next part of that share. So every step
     trains on the same sequences at any world size, micro-batch or accumulation with the same
-    global batch. The per-rank stream (key: seed, rank) counts its own `sequences`.
+    global batch.
 
     `next_batch()` returns (x, y) of shape (B, T): y is x shifted by one token.
     """
 
     def __init__(
         self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int,
-        split: GlobalSplit | None = None,
+        split: GlobalSplit,
     ):  # fmt: skip
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.seed, self.rank, self.split = seed, rank, split
-        self.sequences = 0  # drawn so far: the run's, before this step (global); the rank's
-        self.micro_step = 0  # micro-batches of this step drawn (global stream)
-
-    @property
-    def stream(self) -> str:
-        return "per_rank" if self.split is None else "global"
+        self.sequences = 0  # drawn so far by all ranks, before this step
+        self.micro_step = 0  # micro-batches of this step drawn
 
     @property
     def global_batch(self) -> int:
-        """Sequences per optimizer step, all ranks (global stream)."""
-        assert self.split is not None, "a per-rank stream has no global batch"
+        """Sequences per optimizer step, all ranks."""
         return self.split.world_size * self.split.grad_accum * self.batch_size
 
     def units(self, first: int, count: int, word: int = 0) -> np.ndarray:
         """Uniforms in [0, 1) of sequences first .. first + count - 1 of this stream: each
         counter step gives four 64-bit words; sequence i takes word `word` after counter i
         (0 places its window; mixture.py draws its source from 1)."""
-        lane = self.rank if self.split is None else GLOBAL_STREAM
-        key = np.array([self.seed % 2**64, lane], dtype=np.uint64)
+        key = np.array([self.seed % 2**64, GLOBAL_STREAM], dtype=np.uint64)
         raw = np.random.Philox(key=key, counter=first).random_raw(4 * count)[word::4]
         return (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53  # 53 random bits
 
@@ -222,9 +216,6 @@ class TrainWindows:
 
     def take(self) -> int:
         """The first sequence index of this rank's next micro-batch; advances the count."""
-        if self.split is None:
-            first, self.sequences = self.sequences, self.sequences + self.batch_size
-            return first
         share = self.split.grad_accum * self.batch_size
         first = self.sequences + self.rank * share + self.micro_step * self.batch_size
         self.micro_step += 1
@@ -240,9 +231,9 @@ class TrainWindows:
         return self.starts(first, count)
 
     def last_step_hash(self) -> str | None:
-        """A short hash of the global batch of the step drawn last (global stream; None
-        before a step or on the per-rank stream): equal at any world size and split."""
-        if self.split is None or self.sequences == 0 or self.micro_step:
+        """A short hash of the global batch of the step drawn last (None before a step):
+        equal at any world size and split."""
+        if self.sequences == 0 or self.micro_step:
             return None
         first = self.sequences - self.global_batch
         signature = self.step_signature(first, self.global_batch)
@@ -252,21 +243,19 @@ class TrainWindows:
         return {
             "seed": self.seed,
             "rank": self.rank,
-            "stream": self.stream,
+            "stream": STREAM,
             "sequences": self.sequences,
             "micro_batch_size": self.batch_size,  # for the record; the state is `sequences`
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue after the state's `sequences` (the state of an older gpt_ds is migrated
-        first: checkpoint/batch.py migrated_windows_state)."""
+        """Continue after the state's `sequences` (a checkpoint of another stream is refused
+        before the run starts: plan.check_continuable)."""
         if state["seed"] != self.seed:
             raise DataError(f"training-window state has seed {state['seed']}, this run {self.seed}")
-        saved = state["stream"]
-        if saved != self.stream:
-            raise DataError(
-                f"training-window state is of the {saved} stream, this run's {self.stream}"
-            )
+        saved = state.get("stream")
+        if saved != STREAM:
+            raise DataError(f"training-window state is of the {saved} stream, this run's {STREAM}")
         self.micro_step = 0
         self.sequences = int(state["sequences"])
 

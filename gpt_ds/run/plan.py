@@ -14,7 +14,7 @@ from typing import Any
 
 from gpt_ds.base import dist
 from gpt_ds.base.errors import CheckpointError, ConfigError, GptDsError
-from gpt_ds.checkpoint.batch import Batch, check_batch
+from gpt_ds.checkpoint.batch import Batch, check_batch, check_continuable
 from gpt_ds.checkpoint.checkpointer import check_model, check_same_data, damaged_files
 from gpt_ds.checkpoint.integrity import unverified_reason
 from gpt_ds.checkpoint.manifest import MANIFEST, needs_universal
@@ -60,16 +60,13 @@ class RunPlan:
     run_id: str = ""  # this launch, in every metrics record and checkpoint (run/lock.py)
 
     def record(self) -> dict[str, Any]:
-        """The computed values a checkpoint's manifest keeps beside the run config."""
+        """The computed values a checkpoint's manifest keeps beside the run config; the batch
+        split, precision and ZeRO stage are the manifest's own fields, not repeated here."""
         ds = self.ds
         return {
             "max_iters": self.length.max_iters,
             "decay_iters": self.length.decay_iters,
-            "micro_batch_size": ds.micro_batch_size,
-            "grad_accum": ds.grad_accum,
             "train_batch_size": ds.train_batch_size,
-            "precision": ds.precision,
-            "zero_stage": ds.zero_stage,
             "lr": ds.lr,
             "min_lr": ds.min_lr,
             "warmup_iters": ds.warmup_iters,
@@ -234,6 +231,7 @@ def verify_resume(plan: RunPlan) -> RunPlan:
 def resume_instead(plan: RunPlan, ref: CheckpointRef) -> RunPlan:
     """`plan` continuing from `ref`, an older tag of its out dir, once `ref`'s own checks pass;
     nothing else is planned again (length, data, memory: the run's own, as planned)."""
+    check_continuable(ref)
     check_model(ref, asdict(plan.shape))
     check_not_past(ref, plan.length)
     world, ds = dist.world_size(), plan.ds
@@ -268,7 +266,7 @@ def resume_checkpoint(
             f"checkpoint: ignoring incomplete checkpoint directory {leftover} (no manifest)"
         )
     tag = None if cfg.resume in ("latest", AUTO) else cfg.resume
-    return resolve(
+    ref = resolve(
         out_dir,
         tag,
         flag="--resume",
@@ -277,6 +275,8 @@ def resume_checkpoint(
         note=dist.print0,
         allow_unverified=cfg.allow_unverified,
     )
+    check_continuable(ref)
+    return ref
 
 
 def check_not_past(resume: CheckpointRef | None, length: RunLength) -> None:

@@ -29,7 +29,7 @@ from gpt_ds.checkpoint.checkpointer import Checkpointer
 from gpt_ds.checkpoint.manifest import Manifest, needs_universal
 from gpt_ds.checkpoint.tags import CheckpointRef, latest_tag
 from gpt_ds.data.mixture import DataMix, MixtureWindows
-from gpt_ds.data.tokens import GlobalSplit, TrainWindows
+from gpt_ds.data.tokens import STREAM, GlobalSplit, TrainWindows
 from gpt_ds.dsconfig.monitors import describe
 from gpt_ds.model.gpt2 import flops_per_token, lm_loss
 from gpt_ds.observe import startup
@@ -398,7 +398,7 @@ class Trainer:
         make_windows = MixtureWindows if self.plan.data.is_mixture else _one_source_windows
         self.train_windows = make_windows(
             self.plan.data, self.shape.block_size, ds.micro_batch_size, cfg.seed, dist.rank(),
-            global_split(resume, ds.grad_accum),
+            GlobalSplit(dist.world_size(), ds.grad_accum),
         )  # fmt: skip
         if resume is not None:
             self._resume(resume)
@@ -641,7 +641,7 @@ class Trainer:
             tokens=self.tokens_seen,
             data=self.plan.data.identity(),
             early_stop=self.early_stop.state_dict(),
-            data_stream=self.train_windows.stream,
+            data_stream=STREAM,
         )
         path = self.checkpointer.save(self.engine, self.train_windows, manifest)
         self.metrics.event(
@@ -651,14 +651,6 @@ class Trainer:
 
 def _one_source_windows(data: DataMix, *args) -> TrainWindows:
     return TrainWindows(data.sources[0].train, *args)
-
-
-def global_split(resume: CheckpointRef | None, grad_accum: int) -> GlobalSplit | None:
-    """How this rank takes its share of the run's global stream; None where the run resumes a
-    checkpoint of the per-rank stream (saved before the global one), which it keeps."""
-    if resume is not None and resume.manifest.data_stream == "per_rank":
-        return None
-    return GlobalSplit(dist.world_size(), grad_accum)
 
 
 def _as_float(value) -> float | None:
