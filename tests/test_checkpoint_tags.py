@@ -149,6 +149,9 @@ def saved_manifest(**fields) -> Manifest:
         files={},
         micro_batch_size=4,
         grad_accum=2,
+        tokens=10 * 16 * SHAPE["block_size"],
+        data={"train_tokens": 1000, "val_tokens": 100},
+        early_stop={"best": None, "best_iter": None, "stale": 0},
     )
     return Manifest(**{**base, **fields})
 
@@ -178,8 +181,9 @@ def test_a_new_split_of_the_same_global_batch_goes_on_unasked():
 
 
 @pytest.mark.parametrize(
-    "fields", [{"data_stream": "per_rank"}, {"micro_batch_size": None, "grad_accum": None}]
-)
+    "fields", [{"data_stream": "per_rank"}, {"micro_batch_size": None, "grad_accum": None},
+               {"tokens": None, "data": None, "early_stop": None}]
+)  # fmt: skip
 def test_a_checkpoint_of_the_per_rank_streams_is_not_resumed(fields, tmp_path):
     """A gpt_ds before the global stream drew each rank's windows from its own stream (and
     before that recorded no batch): --resume cannot continue it, and says what starts a new

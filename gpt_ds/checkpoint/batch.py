@@ -18,22 +18,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpt_ds.base.errors import CheckpointError
-from gpt_ds.checkpoint.manifest import Manifest
+from gpt_ds.checkpoint.manifest import MANIFEST, Manifest
 from gpt_ds.checkpoint.tags import CheckpointRef
+
+# what a resume continues from, recorded by every gpt_ds since the global stream
+RESUMED_FIELDS = ("micro_batch_size", "grad_accum", "tokens", "data", "early_stop")
 
 
 def check_continuable(ref: CheckpointRef) -> None:
     """Refuse to resume a checkpoint whose data stream this gpt_ds cannot continue exactly,
-    naming what works on it instead."""
+    naming what works on it instead. A checkpoint that passes records every RESUMED_FIELDS."""
     m = ref.manifest
-    if m.data_stream == "global" and m.micro_batch_size and m.grad_accum:
+    missing = [name for name in RESUMED_FIELDS if getattr(m, name) is None]
+    if m.data_stream == "global" and not missing:
         return
+    found = (
+        f"data_stream {m.data_stream!r}"
+        if m.data_stream != "global"
+        else "no " + (", ".join(missing))
+    )
     raise CheckpointError(
-        f"{ref.tag_dir}: saved by a gpt_ds before the run's one global data stream (each rank "
-        'drew its own windows, data_stream "per_rank" in its gpt_ds.json): this gpt_ds cannot '
-        "continue those streams, so --resume refuses it; start a new run from its weights with "
-        f"--init_from {ref.tag_dir.parent}:{ref.tag} (the export reads it too), or resume it "
-        "with the gpt_ds that saved it"
+        f"{ref.tag_dir}: its {MANIFEST} records {found}: saved by a gpt_ds before the run's "
+        "one global data stream (each rank drew its own windows), which this gpt_ds cannot "
+        "continue, so --resume refuses it; start a new run from its weights with --init_from "
+        f"{ref.tag_dir.parent}:{ref.tag} (the export reads it too), or resume it with the "
+        "gpt_ds that saved it"
     )
 
 

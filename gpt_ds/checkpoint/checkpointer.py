@@ -190,12 +190,9 @@ def check_same_data(ref: CheckpointRef, identity: dict[str, Any]) -> None:
     mixture.DataMix.identity, split sizes and input checksums, so moving a folder changes
     nothing; a mixture's names and weights too): resuming continues the same run (its
     training-window positions index that data); new data is a new run."""
-    saved = ref.manifest.data
-    # a checkpoint that never recorded its data was trained on one source (mixtures came with
-    # the record): only a mixture is known to be other data
-    if saved == identity or (saved is None and "mixture" not in identity):
+    saved = ref.manifest.data or {}  # recorded by every resumable one (batch.check_continuable)
+    if saved == identity:
         return
-    saved = saved or {}
     detail = ", ".join(
         f"{k}: checkpoint {saved.get(k)} vs --data_dir {identity.get(k)}"
         for k in ("train_tokens", "val_tokens")

@@ -84,11 +84,9 @@ class EarlyStop:
     def state_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k not in ("patience", "min_delta")}
 
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """A checkpoint's state; None (saved before it was kept) starts counting afresh."""
-        if state:
-            self.best, self.best_iter = state["best"], state["best_iter"]
-            self.stale = state["stale"]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.best_iter = state["best"], state["best_iter"]
+        self.stale = state["stale"]
 
 
 # A stop request from outside: SIGTERM/SIGINT (preemption, Ctrl-C, Slurm's warning signal), or
@@ -436,9 +434,10 @@ class Trainer:
         self.iteration = resumed.iteration
         self.best_val, self.best_tag = resumed.best_val_loss, resumed.best_tag
         self.train_windows.load_state_dict(resumed.train_windows_state)
-        self.early_stop.load_state_dict(resumed.manifest.early_stop)
-        tokens = resumed.manifest.tokens  # None: the oldest manifests recorded no batch
-        self.tokens_seen = self.iteration * self.tokens_per_iter if tokens is None else tokens
+        m = resumed.manifest
+        assert m.early_stop is not None and m.tokens is not None, "plan.check_continuable"
+        self.early_stop.load_state_dict(m.early_stop)
+        self.tokens_seen = m.tokens
         dist.print0(f"resumed from {self.cfg.out_dir}/{ref.tag} at iteration {self.iteration}")
 
     # ------------------------------------------------------------------ one iteration
