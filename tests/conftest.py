@@ -1,8 +1,8 @@
 """Shared test set-up: an isolated torch-extensions cache for DeepSpeed's JIT ops, and the
 session fixtures (prepared data, one training run per ZeRO stage) and `launch`, a run in the
 background. What only tests use lives in helpers/; what the benchmarks use too (launches, runs,
-background runs) in benchmarks/support/, imported as `support.*` (benchmarks/ is put on
-sys.path here)."""
+background runs) in benchmarks/support/, imported as `support.*` (pyproject.toml's pytest
+`pythonpath` names benchmarks/)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,6 @@ from pathlib import Path
 # DeepSpeed JIT-compiles its CPU comm op on first use; a cache shared with another environment
 # would be rebuilt at every launch. Keep it inside this virtual environment.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-# benchmarks/support/: the launch and run helpers the tests share with the benchmarks
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
 
 import pytest  # noqa: E402
 from helpers.compared_runs import compared_run

@@ -6,7 +6,7 @@
 
 Tests import these as `helpers.*` (pytest puts tests/ on sys.path: rootdir conftest, no
 tests/__init__.py). What the benchmarks share with the tests (launches, runs, background runs
-to kill) lives in benchmarks/support/, imported as `support.*` (tests/conftest.py puts
-benchmarks/ on sys.path). Nothing here imports a test module or conftest. Scripts that tests
+to kill) lives in benchmarks/support/, imported as `support.*` (pyproject.toml's pytest
+`pythonpath` names benchmarks/). Nothing here imports a test module or conftest. Scripts that tests
 launch as processes live in tests/scripts/.
 """
