@@ -30,8 +30,8 @@ CHUNK_LOGIT_BYTES = {"cpu": 16 << 20, "gpu": 256 << 20}
 # (hidden and weight) run on them. Per chunk, the weight's gradient is a whole vocab x width
 # product added into an fp32 accumulator: on CPU in bf16 that product and its add cost more
 # than the chunk's own work (benchmarks/chunked_loss.py: gpt2-mini's 512 tokens took 3x as long
-# as with one block). CPU: 64 MiB (~660 tokens of GPT-2's vocabulary). GPU: 0, one chunk per
-# block as before (its V x C add is cheap there; not yet measured).
+# as with one block). CPU: 64 MiB (~660 tokens of GPT-2's vocabulary). GPU: 0, each chunk its
+# own block (its V x C add is cheap there; not yet measured).
 GRAD_BLOCK_BYTES = {"cpu": 64 << 20, "gpu": 0}
 # Benchmarks only: "gpu" makes CPU ranks walk the loss in a GPU's chunks, so that the kernel
 # launches a GPU step makes can be counted on a CPU (benchmarks/host_overhead.py).

@@ -48,7 +48,7 @@ class GPT2TrainingModel(GPT2LMHeadModel):
 
     def __init__(self, config):
         super().__init__(config)
-        # the same Linear, tied to the embedding as before: only its forward is extended
+        # the same Linear, still tied to the embedding: only its forward is extended
         self.lm_head.__class__ = LossHead
         self.lm_head.tokens = getattr(config, "token_vocab_size", None)
 

@@ -48,7 +48,7 @@ from gpt_ds.run.plan import RunPlan
 # - in `step` (Z ~3041), in fp32 only (no loss scaler): the same `bool()`, to skip a step with
 #   inf/NaN gradients.
 # The replacements compute the same values with tensor ops (a Python number as the fill value,
-# `torch.where` for the clip), and fp32 no longer skips a step by itself: as in bf16, gpt_ds
+# `torch.where` for the clip), and fp32 does not skip a step by itself: as in bf16, gpt_ds
 # reads the gradient norm and the loss (training/trainer.py) and stops on a non-finite one
 # before any save. Installed for bf16 and fp32 when the optimizer checks no overflow (fp16 keeps
 # DeepSpeed's code: its loss scaler reads the overflow flag every step), and only on the
