@@ -3,6 +3,8 @@
 - `sshd`: a private sshd on loopback addresses, for two-"node" tests.
 - `compared_runs`: 2-rank runs shared by the tests that compare them, one per configuration.
 - `files`: every file of a folder with its SHA-256, for "byte-identical afterwards".
+- `messages`: `assert_names(message, *parts)`: an error names its field, flag, file and
+  facts, each whole; tests assert those, not sentences, so a rewording breaks none.
 
 Tests import these as `helpers.*` (pytest puts tests/ on sys.path: rootdir conftest, no
 tests/__init__.py). What the benchmarks share with the tests (launches, runs, background runs
