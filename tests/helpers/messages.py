@@ -1,4 +1,4 @@
-"""Error messages checked by what they name, not by their sentences (issue 40).
+"""Error messages checked by what they name, not by their sentences.
 
 A test asserts the field, flag, file or value at fault and the facts a user acts on (the
 numbers that differ, the command that fixes it), so rewording a message breaks no test.
