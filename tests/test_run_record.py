@@ -253,6 +253,6 @@ def test_a_checkpoint_of_the_per_rank_streams_starts_a_new_run_not_a_resume(
     with pytest.raises(CheckpointError) as err:
         plan_run(parse_args(resumed))
     assert f"{run}/iter_20" in str(err.value) and f"--init_from {run}:iter_20" in str(err.value)
-    fresh = run_args(shakespeare_dir, tmp_path / "new", init_from=f"{run}:iter_20", max_iters=5)
+    fresh = run_args(shakespeare_dir, tmp_path / "new", init_from=f"{run}:iter_20", model=None)
     planned = plan_run(parse_args(fresh))
     assert planned.resume is None and planned.init.checkpoint.tag == "iter_20"
