@@ -8,7 +8,8 @@ choice of exactly one of several flags). Types come from the annotations: `bool`
 flags: `--x a --x b`). Defaults are written once, on the field.
 
 `run_tool` is the one exit-code convention of the tools: 0 done, 2 on a `GptDsError` (printed
-as `error: ...`), 130 on Ctrl-C.
+as `error: ...`), 130 on Ctrl-C. `tool` names a command in a hint the way the user runs it: a
+checkout's `python tools/X.py`, or an installed `gpt-ds-X` script.
 """
 
 from __future__ import annotations

@@ -1,7 +1,12 @@
-"""Process-group helpers: rank/world, rank-0 printing, all-reduce of Python numbers, teardown.
+"""The processes of a run: which rank this one is, the process group, and whether another
+process is still there.
 
-DeepSpeed owns the process group (NCCL/RCCL on GPUs, gloo on CPU); these are thin conveniences
-over `deepspeed.comm` / `torch.distributed` so the rest of the code never checks `is_initialized`.
+DeepSpeed owns the process group (NCCL/RCCL on GPUs, gloo on CPU); rank/world, rank-0 printing,
+all-reduce of Python numbers and teardown are thin conveniences over `deepspeed.comm` /
+`torch.distributed` so the rest of the code never checks `is_initialized`. Ranks started by
+mpirun or srun get RANK/WORLD_SIZE from their launcher's variables (`adopt_launcher_world`);
+`pid_alive`, `command_line` and `parent_pid` say whether a process (a lock's owner, the
+launcher of this rank) still runs.
 """
 
 from __future__ import annotations

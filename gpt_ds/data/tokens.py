@@ -1,11 +1,12 @@
 """Token data for training and evaluation: checked memmaps, training windows, eval windows.
 
 `train.bin`/`val.bin` are flat uint16 GPT-2 token ids (nanoGPT's format) described by
-`meta.json` (written by tools/prepare_data.py), or a folder nanoGPT's own prepare.py wrote.
-The training windows a rank draws come from a counter-based stream: sequence i of a rank's
-stream is a pure function of (seed, rank, i), so its whole state is one integer (sequences
-drawn), a resumed run sees exactly the data an uninterrupted one would, and the micro-batch /
-accumulation split of a step does not matter.
+`meta.json` (written by tools/prepare_data.py; its format: FORMAT, FORMAT_VERSION), or a folder
+nanoGPT's own prepare.py wrote (read as GPT-2 ids, its meta stood in for). The training
+windows come from the run's one counter-based stream: sequence i is a pure function of
+(seed, i), each step takes the next global batch and each rank its share, so the state is one
+integer (sequences drawn), a resumed run sees exactly the data an uninterrupted one would, and
+neither the world size nor the micro-batch / accumulation split of a step matters.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The per-rank memory estimate of a GPT-2 under DeepSpeed ZeRO (0.19): `estimate_run`.
+"""The per-rank memory estimate of a GPT-2 under DeepSpeed ZeRO (0.19): `estimate_run`, and
+its parts: the run's inputs (`ZeroSettings`, `DeepSpeedRun`), where the parameters lie and how
+ZeRO partitions them, what autograd keeps, and the bytes each GPU sends per step.
 
 What one GPU and one node's CPU hold for ZeRO stages 0-3, with and without offload and
 activation checkpointing: the trainer's start-up estimate and the picker's memory column.

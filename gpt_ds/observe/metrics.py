@@ -1,9 +1,11 @@
 """Rank-0 training logs: readable console lines, `OUT_DIR/metrics.jsonl` (one JSON record per
 line) and the DeepSpeed monitors (TensorBoard, W&B, CSV; `EngineMonitor`), all from one record.
 
-Throughput, TFLOP/s, MFU, ETA and peak memory are derived here so the training loop only
-reports raw facts (iteration, loss, lr, gradient norm, elapsed time). Every record has a
-`kind` ("train", "eval" or "event"), the wall-clock `time` and the launch's `run_id`.
+Throughput, TFLOP/s, MFU (against the accelerator's peak: `resolve_peak`), ETA and peak memory
+(a rank's RSS too, and giving freed host memory back: `release_freed_blocks`) are derived here
+so the training loop only reports raw facts (iteration, loss, lr, gradient norm, elapsed
+time). Every record has a `kind` ("train", "eval" or "event"), the wall-clock `time` and the
+launch's `run_id`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""One run per out dir: `OUT_DIR/gpt_ds.lock`, taken by rank 0 before any rank writes.
+"""The out dir of a run: one run at a time in it (`OUT_DIR/gpt_ds.lock`, taken by rank 0 before
+any rank writes), and what an earlier run left there, which a launch without `--resume` never
+replaces (`check_fresh_start`; `--resume auto` continues it or starts).
 
 Two runs into one directory (a re-submitted job, a Slurm array with one out dir) would
 overwrite each other's checkpoints and interleave their logs while both report success. The

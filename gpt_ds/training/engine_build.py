@@ -3,7 +3,9 @@
 Every rank builds the same model (seeded) and hands it to `deepspeed.initialize`. Weights of an
 earlier gpt_ds run are first exported by rank 0 into the new run's out dir (init_source.py);
 the other ranks wait, check they see the export (multi-node: a shared --out_dir), and all load
-it as pretrained weights; it is removed once every rank has.
+it as pretrained weights; it is removed once every rank has. The built engine is then
+compiled where `--compile` asks (on GPUs by default) and its ZeRO-1/2 step made free of host
+syncs where the DeepSpeed version is one checked (`make_sync_free`).
 """
 
 from __future__ import annotations

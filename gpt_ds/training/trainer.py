@@ -4,6 +4,10 @@
 per iteration -> `after_step` (the eval / save / stop rules, in one place) -> `finish` (the
 final evaluation and the `final` checkpoint). Everything the run learns as it goes (iteration,
 best validation loss and its tag) lives on the object, and goes into every checkpoint.
+
+Beside it, the loop's own parts, each with a comment block saying why: `EarlyStop` (the
+plateau rule), `StopRequest` (signals and a vanished launcher), `PendingSteps` / `LogWindow`
+(each step's loss and gradient norm kept on the device until the host must read them).
 """
 
 from __future__ import annotations
