@@ -73,7 +73,7 @@ import numpy as np
 import torch
 
 from gpt_ds.base import dist
-from gpt_ds.checkpoint import Manifest
+from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.checkpointer import Checkpointer, is_disk_error, is_peer_failure
 from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
@@ -224,7 +224,7 @@ import sys
 from pathlib import Path
 
 from gpt_ds.base import dist
-from gpt_ds.checkpoint import Manifest
+from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.tags import CheckpointRef
 from gpt_ds.run.init_source import InitSource
 from gpt_ds.training import engine_build
