@@ -147,6 +147,7 @@ class References:
     SPECS = {
         "zero1": {"deepspeed_config": "ds_configs/zero1.json", "dropout": 0.1},
         "zero2": {"deepspeed_config": "ds_configs/zero2.json"},
+        "zero2_dropout": {"deepspeed_config": "ds_configs/zero2.json", "dropout": 0.1},
         "zero3": {"deepspeed_config": "ds_configs/zero3.json"},
         "zero2_bf16": {"deepspeed_config": "ds_configs/zero2.json", "precision": "bf16"},
     }
@@ -180,13 +181,13 @@ def refs(shakespeare_dir, tmp_path_factory) -> References:
 
 
 # ---------------------------------------------------------------------------- 1. exact resume
-@pytest.mark.parametrize("name", ["zero1", "zero3", "zero2_bf16"])
+@pytest.mark.parametrize("name", ["zero1", "zero2_dropout", "zero3", "zero2_bf16"])
 def test_resume_is_exact(name, refs, launch, tmp_path):
     """K iterations, --resume, K more == 2K in one go: identical losses, identical weights.
 
     The resumed run starts from the checkpoint the uninterrupted run wrote at K (what a K-only
-    run leaves behind, minus a launch). ZeRO-2 fp32 with dropout is test_train's; zero1 runs
-    with dropout here, so per-rank RNG restore is exercised under ZeRO-1 too.
+    run leaves behind, minus a launch). ZeRO-1 and ZeRO-2 run with dropout, so the per-rank
+    RNG streams are restored too.
     """
     ref = refs.get(name)
     out = tmp_path / "resumed"
