@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.compared_runs import assert_losses_close, assert_weights_close
+from helpers.compared_runs import WHOLE, assert_losses_close, assert_weights_close
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt_ds.model.gpt2 import enable_activation_checkpointing
-
-WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}  # test_grad_accum's too
 
 
 def tiny_model(checkpointing: bool) -> tuple[GPT2LMHeadModel, list[int]]:

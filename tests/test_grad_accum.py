@@ -17,6 +17,7 @@ import torch
 from helpers.compared_runs import (
     BASE,
     ITERS,
+    WHOLE,
     assert_losses_close,
     assert_weights_close,
 )
@@ -33,7 +34,6 @@ BLOCK = 16
 TOKENS = np.arange(20_000, dtype=np.uint16)
 # the evaluation set is eval_iters x micro_batch_size x grad_accum windows: 16 in both
 SPLIT = {"micro_batch_size": 2, "grad_accum": 4, "eval_iters": 2}
-WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}
 
 
 def train_windows(batch: int, rank: int = 0, seed: int = 7) -> TrainWindows:

@@ -30,6 +30,8 @@ BASE = {
     "eval_iters": 2,
     "dropout": 0.0,
 }
+# the baseline most comparisons share: one micro-batch of 8 per step, 16 evaluation windows
+WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}
 _DONE: dict[tuple, tuple[Path, str]] = {}
 
 
