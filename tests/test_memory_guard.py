@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers.messages import assert_names, names
 from support.launch import tiny_run_args, train_fails
 
 from gpt_ds.base.errors import ConfigError
@@ -49,9 +50,10 @@ def test_gpu_too_small_names_the_estimate_and_the_fixes():
     with pytest.raises(ConfigError) as e:
         check_fits(est, ranks_per_node=2, device_bytes=small, ram=ram_limit(64 * GiB, None))
     text = str(e.value)
-    assert f"the estimate is {est.total / GiB:.2f} GiB per GPU" in text
-    assert f"of this {small / GiB:.2f} GiB GPU" in text
-    assert "--micro_batch_size" in text and "--ignore_memory_estimate" in text
+    # the estimate, what a run may use of the card, the card, and the fixes
+    figures = [f"{b / GiB:.2f} GiB" for b in (est.total, usable_gpu_memory(small), small)]
+    assert_names(text, "GPU", *figures, "--micro_batch_size", "--ignore_memory_estimate")
+    assert text.count(figures[0]) == 2  # the estimate and the card: equal to two decimals
 
 
 def test_the_guard_uses_the_pickers_usable_gpu_memory():
@@ -62,8 +64,11 @@ def test_the_guard_uses_the_pickers_usable_gpu_memory():
     est = estimate(4)
     card = int((est.total - 1) / 0.9) + GiB  # its usable part is just below the estimate
     assert usable_gpu_memory(card) < est.total < card
-    with pytest.raises(ConfigError, match=r"GiB a run may use of this .* GiB GPU \(90% of"):
+    with pytest.raises(ConfigError) as e:
         check_fits(est, ranks_per_node=2, device_bytes=card, ram=ram_limit(64 * GiB, None))
+    # what a run may use of this card (the picker's figure), the card, the share
+    assert_names(str(e.value), f"{usable_gpu_memory(card) / GiB:.2f} GiB", f"{card / GiB:.2f} GiB")
+    assert_names(str(e.value), "90%")
     roomy = int(est.total / 0.9) + GiB + 16
     assert usable_gpu_memory(roomy) >= est.total
     check_fits(est, ranks_per_node=2, device_bytes=roomy, ram=ram_limit(64 * GiB, None))
@@ -76,9 +81,12 @@ def test_on_cpu_every_rank_counts_against_the_host():
     enough = int(need / 0.9) + 16  # the host check allows 90% of the RAM, as the picker
     assert usable_cpu_memory(enough) >= need
     check_fits(est, ranks_per_node=2, device_bytes=None, ram=ram_limit(enough, None))
-    with pytest.raises(ConfigError, match=rf"is {need / GiB:.2f} GiB per node") as e:
+    with pytest.raises(ConfigError) as e:
         check_fits(est, ranks_per_node=2, device_bytes=None, ram=ram_limit(need + 16, None))
-    assert f"90% of this machine's {(need + 16) / GiB:.2f} GiB of RAM" in str(e.value)
+    # both ranks on CPU, the node's estimate, 90% of the machine's RAM
+    need_gib, ram_gib = f"{need / GiB:.2f} GiB", f"{(need + 16) / GiB:.2f} GiB"
+    assert_names(str(e.value), "CPU", need_gib, "90%", ram_gib, "RAM")
+    assert str(e.value).count(need_gib) == 2  # the estimate and the RAM: equal to two decimals
 
 
 def test_an_impossible_run_is_refused_before_the_process_group(shakespeare_dir, tmp_path):
@@ -88,8 +96,9 @@ def test_an_impossible_run_is_refused_before_the_process_group(shakespeare_dir, 
     assert est.total > node_ram_bytes()  # the premise, on this machine
     args = tiny_run_args(shakespeare_dir, tmp_path / "out", micro_batch_size=16384)
     err = train_fails(args)  # refused before the process group and the model
-    assert "error: invalid configuration (memory estimate):" in err
-    assert "rank(s) on CPU is" in err and "--ignore_memory_estimate" in err
+    # the check that refused it, the ranks on CPU, and the fixes
+    assert_names(err, "memory estimate", "CPU", "--micro_batch_size")
+    assert_names(err, "--ignore_memory_estimate")
 
 
 # --- the host's RAM: the machine's, or its cgroup's limit ------------------------------------
@@ -142,10 +151,14 @@ def test_cgroup_v1_memory_controller_and_its_no_limit_value(tmp_path):
 
 
 def test_the_cgroup_limit_is_the_hosts_ram_and_is_named():
-    assert ram_limit(64 * GiB, None) == (64 * GiB, "this machine's 64.00 GiB of RAM")
+    machine = ram_limit(64 * GiB, None)
+    assert machine.bytes == 64 * GiB
+    assert_names(machine.limit, "64.00 GiB", "RAM")
+    assert not names(machine.limit, "cgroup")
     assert ram_limit(64 * GiB, 128 * GiB).bytes == 64 * GiB
     limited = ram_limit(64 * GiB, 16 * GiB)
-    assert limited == (16 * GiB, "the cgroup limit 16.00 GiB (Slurm --mem / docker -m)")
+    assert limited.bytes == 16 * GiB
+    assert_names(limited.limit, "cgroup", "16.00 GiB", "--mem", "docker -m")  # and who sets it
     est = estimate(4)
     need = est.cpu_bytes - 2 * (CPU_BYTES_PER_RANK - CPU_ONLY_RANK_BYTES) + 2 * est.total
     job = ram_limit(64 * GiB, need)  # a job's limit: the estimate itself, not 90% of it
@@ -156,6 +169,7 @@ def test_the_cgroup_limit_is_the_hosts_ram_and_is_named():
             device_bytes=None,
             ram=job,
         )
-    assert f"may use: 90% of the cgroup limit {need / GiB:.2f} GiB (Slurm --mem" in str(e.value)
+    # 90% of the job's limit (the estimate itself), named as the cgroup's
+    assert_names(str(e.value), "90%", "cgroup", f"{need / GiB:.2f} GiB", "--mem")
     here = node_ram()
     assert here.bytes == node_ram_bytes() > 0 and here.limit

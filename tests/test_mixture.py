@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
+from helpers.messages import assert_names
 from support.launch import REPO, run_deepspeed, run_python, tiny_run_args, train_fails
 from support.runs import train_losses
 
@@ -38,12 +39,15 @@ def test_the_flag_takes_weights_for_all_sources_or_none(tmp_path):
     odd = tmp_path / "v1:2"  # an existing folder whose name holds a ':'
     odd.mkdir()
     assert DataSpec.parse(str(odd)) == DataSpec(str(odd), None)
-    with pytest.raises(ConfigError, match="give every source a weight"):
+    with pytest.raises(ConfigError) as e:
         data_specs(["a:0.3", "b"])
-    with pytest.raises(ConfigError, match="two sources share a folder name"):
+    assert_names(str(e.value), "--data_dir", "DIR:WEIGHT", "a:0.3", "b")  # the form, the values
+    with pytest.raises(ConfigError) as e:
         data_specs(["x/data", "y/data"])
-    with pytest.raises(ConfigError, match="the weight must be > 0"):
+    assert_names(str(e.value), "--data_dir", "x/data", "y/data")  # the two with one name
+    with pytest.raises(ConfigError) as e:
         data_specs(["a:0"])
+    assert_names(str(e.value), "--data_dir a:0", "> 0", "0")  # the source, the bound, the weight
 
 
 def test_each_source_is_drawn_in_proportion_to_its_weight():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from deepspeed.accelerator import get_accelerator
+from helpers.messages import assert_names, names
 from support.launch import run_deepspeed, tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
@@ -51,23 +52,20 @@ def test_gpu_precision(kind, name, native_bf16, capability, expected):
 
 def test_auto_on_compute_capability_6_says_why_fp32():
     _, reason = gpu_precision("CUDA", "Tesla P100-PCIE-16GB", False, (6, 0))
-    assert reason == (
-        "CUDA device Tesla P100-PCIE-16GB (compute capability 6.0) has no native bf16, and "
-        "DeepSpeed refuses fp16 below compute capability 7.0"
-    )
+    # the device, its capability, what it lacks, and the capability fp16 needs
+    assert_names(reason, "CUDA", "Tesla P100-PCIE-16GB", "6.0", "bf16", "fp16", "7.0")
 
 
 @pytest.mark.parametrize("capability", [(6, 0), (6, 1), (5, 2)])
 def test_fp16_on_compute_capability_below_7_is_refused_with_the_fix(capability):
     major, minor = capability
-    expected = (
-        f"fp16 needs compute capability 7.0 or newer: DeepSpeed refuses it on this GPU (compute "
-        f"capability {major}.{minor}, e.g. P100 or GTX 10xx; it has no native bf16 either); use "
-        "--precision fp32 (on 6.x, DS_ALLOW_DEPRECATED_FP16=1 makes DeepSpeed accept fp16)"
-    )
-    assert cuda_fp16_refusal("CUDA", capability) == expected
+    refusal = cuda_fp16_refusal("CUDA", capability)
+    # the capability needed and this GPU's, the flag that fixes it, DeepSpeed's override
+    fixes = ("--precision fp32", "DS_ALLOW_DEPRECATED_FP16=1")
+    assert_names(refusal, "fp16", "7.0", f"{major}.{minor}", *fixes)
+    assert not names(refusal, "--precision bf16")  # no native bf16 on 6.x either
     # what precision_refusal passes on a CUDA machine: the accelerator's answer and capability
-    assert fp16_refusal("cuda", False, None, capability) == expected
+    assert fp16_refusal("cuda", False, None, capability) == refusal
 
 
 def test_fp16_on_compute_capability_7_and_rocm_is_not_refused():
@@ -78,24 +76,19 @@ def test_fp16_on_compute_capability_7_and_rocm_is_not_refused():
 
 
 def test_fp16_refusal_on_a_cpu_says_what_to_use_instead():
-    assert fp16_refusal("cpu", False, BF16_CPU, None) == (
-        "fp16 with dynamic loss scaling needs a GPU: DeepSpeed's CPU accelerator refuses fp16 "
-        "on this machine (the CPU has no native fp16 arithmetic); use --precision bf16 (native "
-        "here: CPU reports AMX-BF16) or --precision fp32"
-    )
-    assert fp16_refusal("cpu", False, OLD_CPU, None).endswith(
-        "use --precision fp32 (this CPU has no native bf16 either)"
-    )
+    refusal = fp16_refusal("cpu", False, BF16_CPU, None)
+    # what it needs, the fixes, and why bf16 is one (the CPU's feature)
+    assert_names(refusal, "fp16", "GPU", "--precision bf16", "AMX-BF16", "--precision fp32")
+    old = fp16_refusal("cpu", False, OLD_CPU, None)
+    assert_names(old, "fp16", "GPU", "--precision fp32")
+    assert not names(old, "--precision bf16")  # this CPU has no native bf16 either
     assert fp16_refusal("cuda", True, None, (8, 0)) is None
 
 
 def test_fp16_is_refused_on_a_cpu_that_computes_it():
     """oneDNN's fp16 (DeepSpeed's CPU accelerator says yes): refused all the same, bf16 named."""
-    assert fp16_refusal("cpu", True, FP16_CPU, None) == (
-        "fp16 with dynamic loss scaling needs a GPU: gpt_ds does not train fp16 on CPU ranks "
-        "(this CPU computes fp16, but bf16 needs no loss scaling); use --precision bf16 (native "
-        "here: CPU reports AMX-BF16) or --precision fp32"
-    )
+    refusal = fp16_refusal("cpu", True, FP16_CPU, None)
+    assert_names(refusal, "fp16", "GPU", "--precision bf16", "AMX-BF16", "--precision fp32")
     # what this machine's accelerator answers makes no difference to whether fp16 is refused
     assert fp16_refusal("cpu", FP16_HERE, OLD_CPU, None) is not None
 
@@ -114,13 +107,15 @@ def test_the_resolver_refuses_fp16_where_deepspeed_would():
     pinned = load_ds_config(preset_path("zero2"))
     pinned["fp16"]["enabled"] = True
     cases = [
-        (load_ds_config(preset_path("zero2")), "fp16", "--precision fp16"),
-        (pinned, None, "fp16.enabled is true in x.json"),
+        (load_ds_config(preset_path("zero2")), "fp16", ["--precision fp16"]),
+        (pinned, None, ["fp16.enabled", "x.json"]),  # the key and the file that set it
     ]
-    for raw, forced, why in cases:
+    for raw, forced, where in cases:
         with pytest.raises(ConfigError) as err:
             resolve_ds_config(raw, settings(forced), source="x.json")
-        assert err.value.problems == [f"{why}: {precision_refusal('fp16')}"]
+        (problem,) = err.value.problems
+        assert_names(problem, *where)
+        assert precision_refusal("fp16") in problem  # with this machine's reason and fixes
 
 
 @pytest.mark.slow

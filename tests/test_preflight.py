@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers.messages import assert_names
 from helpers.sshd import sshd_fixture
 from support.launch import REPO, free_port, launch_env
 
@@ -76,42 +77,44 @@ def test_good_hostfile_matches_deepspeed():
 
 
 @pytest.mark.parametrize(
-    "line, message",
+    "line, facts",
     [
-        ("worker-3", "'slots=N' is missing"),
-        ("worker-3 slots = 4", "no spaces around '='"),
-        ("worker-3 slots=", "the second field must be 'slots=N'"),
-        ("worker-3 slots=-2", "whole number >= 1"),
-        ("worker-3 gpus=4", "'slots=N' is missing"),
-        ("slots=4", "host name is missing"),
-        ("worker-3:slots=4", "'HOST slots=N'"),
+        ("worker-3", ["'slots=N'"]),
+        ("worker-3 slots = 4", ["'slots=N'", "'='"]),  # no spaces around it
+        ("worker-3 slots=", ["'slots=N'"]),
+        ("worker-3 slots=-2", [">= 1"]),
+        ("worker-3 gpus=4", ["'slots=N'"]),
+        ("slots=4", ["host"]),  # it is missing
+        ("worker-3:slots=4", ["'HOST slots=N'"]),
     ],
 )
-def test_each_malformed_kind_is_what_deepspeed_rejects(line, message):
+def test_each_malformed_kind_is_what_deepspeed_rejects(line, facts):
     text = GOOD + line + "\n"
     with pytest.raises(ValueError, match="bad entry"):
         ds_parse(text)
     with pytest.raises(ConfigError) as err:
         parse_hostfile_text(text, source="hf")
-    assert len(err.value.problems) == 1
-    assert err.value.problems[0].startswith("line 6: ")
-    assert message in err.value.problems[0]
+    (problem,) = err.value.problems
+    assert problem.startswith("line 6: ")  # the line at fault, first
+    assert_names(problem, repr(line), *facts)
 
 
 @pytest.mark.parametrize(
-    "line, message",
+    "line, facts",
     [
-        ("worker-3 slots=0", "slots=0 starts no rank"),
-        ("worker-3 slots=4x", "DeepSpeed would silently read it as 4"),
-        ("worker-3,worker-4 slots=4", "read as separators"),
-        ("worker@3 slots=4", "read as separators"),
+        ("worker-3 slots=0", ["'worker-3 slots=0'", "slots=0", "remove the line"]),
+        ("worker-3 slots=4x", ["'worker-3 slots=4x'", "'4x'", "4"]),  # what DeepSpeed reads
+        ("worker-3,worker-4 slots=4", ["'worker-3,worker-4'", "','", "pdsh", "--include"]),
+        ("worker@3 slots=4", ["'worker@3'", "'@'", "pdsh", "--include"]),
     ],
 )
-def test_lines_deepspeed_accepts_but_break_later(line, message):
+def test_lines_deepspeed_accepts_but_break_later(line, facts):
     text = GOOD + line + "\n"
     ds_parse(text)  # DeepSpeed lets it through...
-    with pytest.raises(ConfigError, match=message):  # ...we say why it will go wrong
+    with pytest.raises(ConfigError) as err:  # ...we say why it will go wrong
         parse_hostfile_text(text)
+    (problem,) = err.value.problems
+    assert_names(problem, "line 6", *facts)
 
 
 def test_every_problem_reported_at_once_with_line_numbers():
@@ -120,18 +123,21 @@ def test_every_problem_reported_at_once_with_line_numbers():
         parse_hostfile_text(text, source="hostfile")
     lines = [p.split(":")[0] for p in err.value.problems]
     assert lines == ["line 2", "line 5", "line 6", "line 7"]
-    assert "listed again (first on line 1)" in err.value.problems[2]
+    assert_names(err.value.problems[2], "'a'", "line 1")  # the host, its first line
     with pytest.raises(ValueError, match="bad entry"):
         ds_parse(text)
 
 
 def test_empty_and_missing_hostfiles(tmp_path):
-    with pytest.raises(ConfigError, match="no hosts"):
+    with pytest.raises(ConfigError) as err:
         parse_hostfile_text("# nothing\n\n")
+    assert_names(str(err.value), "hosts", "'worker-1 slots=8'")  # none, and a line to add
     with pytest.raises(ValueError, match="empty"):
         ds_parse("# nothing\n\n")
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(ConfigError) as err:
         read_hostfile(tmp_path / "hostfile")
+    # the file, what to write in it, the example
+    assert_names(str(err.value), str(tmp_path / "hostfile"), "'HOST slots=N'", "hostfile.example")
 
 
 def test_example_hostfile_parses():
@@ -368,7 +374,7 @@ def test_bad_hostfile_exits_2_with_every_line(tmp_path):
     hostfile.write_text("127.0.0.1 slots=1\n127.0.0.2 slots 1\n127.0.0.1 slots=1\n")
     proc = preflight(hostfile)
     assert proc.returncode == 2
-    assert "line 2:" in proc.stderr and "line 3:" in proc.stderr
+    assert_names(proc.stderr, "line 2", "line 3")
 
 
 def test_launchers_exist_and_parse():

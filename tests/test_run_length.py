@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from helpers.messages import assert_names
 from support.launch import TRAIN, run_python, tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
@@ -40,19 +41,20 @@ def test_a_length_in_steps_is_the_flag_or_the_default():
 
 
 def test_conflicting_or_bad_budgets_are_named():
-    assert length_problems(cfg("--max_tokens", "10", "--max_epochs", "1")) == [
-        "--max_tokens and --max_epochs both given: give one"
-    ]
-    assert length_problems(cfg("--max_iters", "50", "--max_epochs", "1")) == [
-        "--max_iters and --max_epochs both given: give one"
-    ]
-    assert length_problems(cfg("--max_epochs", "0")) == ["--max_epochs must be > 0, got 0.0"]
-    assert length_problems(cfg("--max_iters", "200", "--max_tokens", "10")) == [
-        "--max_iters and --max_tokens both given: give one"
-    ]  # the default's value given on purpose is still a conflict
+    (both,) = length_problems(cfg("--max_tokens", "10", "--max_epochs", "1"))
+    assert_names(both, "--max_tokens", "--max_epochs")
+    (both,) = length_problems(cfg("--max_iters", "50", "--max_epochs", "1"))
+    assert_names(both, "--max_iters", "--max_epochs")
+    (zero,) = length_problems(cfg("--max_epochs", "0"))
+    assert_names(zero, "--max_epochs", "> 0", "0.0")  # the flag, the bound, the value
+    # the default's value given on purpose is still a conflict
+    (both,) = length_problems(cfg("--max_iters", "200", "--max_tokens", "10"))
+    assert_names(both, "--max_iters", "--max_tokens")
     decay_beyond = dataclasses.replace(cfg("--max_tokens", "512"), lr_decay_iters=10)
-    with pytest.raises(ConfigError, match="--lr_decay_iters 10 is beyond the 2 steps"):
+    with pytest.raises(ConfigError) as e:
         run_length(decay_beyond, tokens_per_iter=256, train_tokens=10**6)
+    # the flag and its value, the run's steps, and the budget they come from
+    assert_names(str(e.value), "--lr_decay_iters 10", "2", "--max_tokens")
 
 
 def test_a_budget_run_resolves_its_deepspeed_config_once(shakespeare_dir, tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+from helpers.messages import assert_names
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.data import tokenizer
@@ -87,11 +88,16 @@ def fake_assets(tmp_path, monkeypatch):
 def test_corrupt_file_names_the_file(fake_assets):
     with open(fake_assets / "encoder.json", "a", encoding="utf-8") as f:
         f.write(" ")
-    with pytest.raises(DataError, match=r"encoder\.json.*expected 1961396"):
+    with pytest.raises(DataError) as e:
         get_encoding()
+    # the file, its digest and the one expected
+    actual = hashlib.sha256((fake_assets / "encoder.json").read_bytes()).hexdigest()
+    expected = tokenizer.ASSET_SHA256["encoder.json"]
+    assert_names(str(e.value), str(fake_assets / "encoder.json"), actual, expected)
 
 
 def test_missing_file_names_the_file(fake_assets):
     (fake_assets / "vocab.bpe").unlink()
-    with pytest.raises(DataError, match=r"vocab\.bpe"):
+    with pytest.raises(DataError) as e:
         tokenizer_fingerprint()
+    assert_names(str(e.value), str(fake_assets / "vocab.bpe"), "pip install -e .")  # and the fix
