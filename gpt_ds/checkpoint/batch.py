@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.manifest import MANIFEST, Manifest
 from gpt_ds.checkpoint.tags import CheckpointRef
+from gpt_ds.data.tokens import STREAM
 
 # what a resume continues from, recorded by every gpt_ds since the global stream
 RESUMED_FIELDS = ("micro_batch_size", "grad_accum", "tokens", "data", "early_stop")
@@ -30,11 +31,11 @@ def check_continuable(ref: CheckpointRef) -> None:
     naming what works on it instead. A checkpoint that passes records every RESUMED_FIELDS."""
     m = ref.manifest
     missing = [name for name in RESUMED_FIELDS if getattr(m, name) is None]
-    if m.data_stream == "global" and not missing:
+    if m.data_stream == STREAM and not missing:
         return
     found = (
         f"data_stream {m.data_stream!r}"
-        if m.data_stream != "global"
+        if m.data_stream != STREAM
         else "no " + (", ".join(missing))
     )
     raise CheckpointError(

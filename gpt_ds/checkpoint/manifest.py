@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_ds.base.errors import CheckpointError
+from gpt_ds.data.tokens import STREAM
 from gpt_ds.model.gpt2 import ModelShape
 
 MANIFEST = "gpt_ds.json"
@@ -60,7 +61,7 @@ class Manifest:
     tokens: int | None = None  # tokens trained on, all ranks (None: its batch never recorded)
     data: dict[str, Any] | None = None  # mixture.DataMix.identity (None: never recorded)
     early_stop: dict[str, Any] | None = None  # early_stop.EarlyStop's count and best
-    data_stream: str = "global"  # data.tokens.STREAM; "per_rank" before it (not resumable)
+    data_stream: str = STREAM  # "per_rank" before the global stream (not resumable)
     plan: dict[str, Any] | None = None  # what the run computed from its config (RunPlan.record)
 
     @property
