@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 import torch._dynamo
-from support.launch import run_deepspeed, tiny_run_args
+from helpers.compared_runs import ITERS, WHOLE, compared_run
 from support.runs import train_losses, val_losses
 
 from gpt_ds.observe.metrics import read_metrics
@@ -49,31 +49,21 @@ def test_a_machine_that_cannot_compile_warns_that_it_trains_eager(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_compiled_run_follows_the_eager_run(shakespeare_dir, tmp_path):
-    curves, logs = {}, {}
-    for mode in ("eager", "compiled"):
-        out = tmp_path / mode
-        args = tiny_run_args(
-            shakespeare_dir,
-            out,
-            max_iters=4,
-            eval_interval=2,
-            eval_iters=2,
-            warmup_iters=1,
-            no_checkpoint=True,
-            compile=mode == "compiled",
-        )
-        logs[mode] = run_deepspeed(args, timeout=900).stdout
-        curves[mode] = (train_losses(out), val_losses(out))
-    assert "model compiled by torch.compile" in logs["compiled"]
-    assert "torch.compile" not in logs["eager"]
-    (eager_train, eager_val), (comp_train, comp_val) = curves["eager"], curves["compiled"]
-    assert sorted(comp_train) == [1, 2, 3, 4]
+def test_a_compiled_run_follows_the_eager_run(shakespeare_dir, tmp_path_factory):
+    """Against the eager baseline other tests share (helpers.compared_runs' WHOLE, ZeRO-2)."""
+    root = tmp_path_factory.getbasetemp() / "compared_runs"  # shared with conftest's `runs`
+    eager, eager_log = compared_run(shakespeare_dir, root, 2, **WHOLE)
+    compiled, compiled_log = compared_run(shakespeare_dir, root, 2, **WHOLE, compile=True)
+    assert "model compiled by torch.compile" in compiled_log
+    assert "torch.compile" not in eager_log
+    eager_train, eager_val = train_losses(eager), val_losses(eager)
+    comp_train, comp_val = train_losses(compiled), val_losses(compiled)
+    assert sorted(comp_train) == list(range(1, ITERS + 1))
     for it, value in eager_train.items():
         assert abs(comp_train[it] - value) < 1e-4, (it, comp_train[it], value)
     for it, value in eager_val.items():
         assert abs(comp_val[it] - value) < 1e-4, (it, comp_val[it], value)
-    events = [r for r in read_metrics(tmp_path / "compiled") if r.get("event") == "compile"]
+    events = [r for r in read_metrics(compiled) if r.get("event") == "compile"]
     assert len(events) == 1 and events[0]["seconds"] > 0
 
 

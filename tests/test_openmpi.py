@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.compared_runs import BASE, assert_losses_close, compared_run
+from helpers.compared_runs import BASE, WHOLE, assert_losses_close, compared_run
 from helpers.sshd import sshd_fixture
 from helpers.system import Unavailable, ensure_packages
 from support.launch import REPO, VENV_BIN, free_port, launch_env, remove_shm_buffers, tiny_run_args
@@ -130,7 +130,7 @@ def test_two_nodes_over_openmpi_train_like_one_node(
     """launchers/openmpi.sh: preflight, .deepspeed_env, then `deepspeed --launcher openmpi`;
     the losses equal those of the same run under `deepspeed --num_gpus 2` on one node."""
     root = tmp_path_factory.getbasetemp() / "compared_runs"  # shared with conftest's `runs`
-    reference, _ = compared_run(shakespeare_dir, root, 2)
+    reference, _ = compared_run(shakespeare_dir, root, 2, **WHOLE)
     out, port = tmp_path / "out", free_port()
     env = launch_env()
     env.update(
@@ -142,7 +142,7 @@ def test_two_nodes_over_openmpi_train_like_one_node(
         GPT_DS_NET_IF="lo",
     )
     args = tiny_run_args(
-        shakespeare_dir, out, **{**BASE, "deepspeed_config": "ds_configs/zero2.json"}
+        shakespeare_dir, out, **{**BASE, **WHOLE, "deepspeed_config": "ds_configs/zero2.json"}
     )
     start = time.monotonic()
     proc = run([str(REPO / "launchers" / "openmpi.sh"), *args], env, port)
@@ -153,7 +153,7 @@ def test_two_nodes_over_openmpi_train_like_one_node(
     assert ("--allow-run-as-root" in both) == (os.geteuid() == 0)  # openmpi.sh adds it as root
     ranks = set(re.findall(r"rank (\d+)/(\d+) on host", proc.stdout))
     assert ranks == {("0", "2"), ("1", "2")}, proc.stdout[-3000:]  # one world of 2, not 2 of 1
-    assert "batch: 4 per rank x 1 accumulation steps x 2 ranks" in proc.stdout
+    assert "batch: 8 per rank x 1 accumulation steps x 2 ranks" in proc.stdout
     assert_losses_close(out, reference)
     shards = sorted(p.name for p in (out / "final").glob("*zero_pp_rank_*optim_states.pt"))
     assert len(shards) == 2 and "rank_1" in shards[1], shards  # rank 1 saved its shard

@@ -32,6 +32,12 @@ BASE = {
 }
 # the baseline most comparisons share: one micro-batch of 8 per step, 16 evaluation windows
 WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}
+# Flags that must change no number, on together in one run per stage compared with WHOLE
+# (tests/test_activation_checkpointing.py, test_chunked_loss.py): block recomputation in
+# backward and the full-logits loss against the default chunked one. One launch proves both;
+# where it fails, `runs(stage, **WHOLE, activation_checkpointing=True)` (or `loss="full"`)
+# alone says which.
+SAME_NUMBERS = {"activation_checkpointing": True, "loss": "full"}
 _DONE: dict[tuple, tuple[Path, str]] = {}
 
 
