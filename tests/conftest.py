@@ -95,11 +95,13 @@ def runs(shakespeare_dir, tmp_path_factory):
 
 @pytest.fixture
 def launch(tmp_path):
-    """`launch(args, name, num_gpus=2)` starts a run; whatever is left is killed afterwards."""
+    """`launch(args, name, num_gpus=2, runner=False)` starts a run; whatever is left is killed
+    afterwards. `runner=True` starts `deepspeed` itself, for the tests of what the runner does
+    (signals to it); otherwise DeepSpeed's per-node launcher, as the runner would."""
     started: list[Launch] = []
 
-    def start(args: list[str], name: str, num_gpus: int = 2) -> Launch:
-        run = Launch(args, tmp_path / f"{name}.log", num_gpus)
+    def start(args: list[str], name: str, num_gpus: int = 2, runner: bool = False) -> Launch:
+        run = Launch(args, tmp_path / f"{name}.log", num_gpus, runner)
         started.append(run)
         return run
 

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.compared_runs import SAME_NUMBERS, WHOLE, assert_losses_close, assert_weights_close
+from helpers.compared_runs import (
+    SAME_NUMBERS,
+    SAME_NUMBERS_ATOL,
+    WHOLE,
+    assert_losses_close,
+    assert_weights_close,
+)
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt_ds.model.gpt2 import enable_activation_checkpointing
@@ -54,4 +60,4 @@ def test_a_run_with_activation_checkpointing_trains_as_one_without(stage, runs):
     plain = runs(stage, **WHOLE)
     recomputed = runs(stage, **WHOLE, **SAME_NUMBERS)
     assert_losses_close(recomputed, plain)
-    assert_weights_close(recomputed, plain)
+    assert_weights_close(recomputed, plain, atol=SAME_NUMBERS_ATOL)

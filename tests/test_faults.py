@@ -160,7 +160,7 @@ class References:
         if name not in self.done:
             overrides = {**SMALL, **SCHEDULE, "eval_iters": 2, **self.SPECS[name]}
             ref = Reference(overrides, self.data_dir, self.root / name)
-            run = Launch(ref.args(ref.out), self.root / f"{name}.log")
+            run = Launch(ref.args(ref.out), self.root / f"{name}.log", runner=False)
             try:
                 run.finish_ok()
             finally:
@@ -311,7 +311,7 @@ def test_sigterm_and_sigint_stop_cleanly_and_resume(refs, launch, tmp_path):
     run's iterations equal the uninterrupted run's bit for bit."""
     ref = refs.get("zero2")
     out = tmp_path / "run"
-    first = launch(ref.args(out), "sigterm")
+    first = launch(ref.args(out), "sigterm", runner=True)
     first.wait_for(lambda: max(logged_iters(out), default=0) >= 2, "iteration 2")
     first.launcher().send_signal(signal.SIGTERM)
     assert first.finish() == 1  # launch.py's handler exits 1 after its ranks exited 0
@@ -323,7 +323,7 @@ def test_sigterm_and_sigint_stop_cleanly_and_resume(refs, launch, tmp_path):
     assert "exits with return code" not in first.output  # no rank failed
     assert first.shm() == []
 
-    second = launch(ref.args(out, resume=True), "sigint")
+    second = launch(ref.args(out, resume=True), "sigint", runner=True)
     second.wait_for(lambda: logged_iters(out)[-1] > n, "an iteration after the resume")
     second.processes()  # remember the ranks: `deepspeed` dies at once on Ctrl-C
     os.killpg(second.proc.pid, signal.SIGINT)
@@ -356,7 +356,7 @@ def test_sigterm_to_the_deepspeed_command_stops_the_orphaned_ranks(refs, launch,
     ref = refs.get("zero2")
     out = tmp_path / "run"
     job = ref.args(out, resume="auto")
-    first = launch(job, "runner_sigterm")
+    first = launch(job, "runner_sigterm", runner=True)
     first.wait_for(lambda: max(logged_iters(out), default=0) >= 2, "iteration 2")
     ranks = [first.rank(0), first.rank(1)]
     launcher = first.launcher()

@@ -1,7 +1,8 @@
 """A training run in the background that a test (or the fault drill) can kill, signal and watch.
 
-`Launch` starts `deepspeed --num_gpus N gpt_ds/train.py ...` (or `python gpt_ds/train.py` for
-one rank) in its own session with output to a log file, finds its ranks and launcher by command
+`Launch` starts `deepspeed --num_gpus N gpt_ds/train.py ...` (or, with `runner=False`, what that
+command runs on one node: DeepSpeed's per-node launcher; `python gpt_ds/train.py` for one rank)
+in its own session with output to a log file, finds its ranks and launcher by command
 line, waits for conditions on the run's files, and at the end kills whatever is left and
 removes the launch's /dev/shm buffers (only then: a test may first assert what a kill left).
 """
@@ -18,19 +19,31 @@ from pathlib import Path
 
 import psutil
 
-from support.launch import REPO, TRAIN, VENV_BIN, free_port, launch_env, shm_buffers
+from support.launch import (
+    REPO,
+    TRAIN,
+    VENV_BIN,
+    as_the_runner_sets,
+    free_port,
+    launch_env,
+    node_launcher_command,
+    shm_buffers,
+)
 
 
 class Launch:
     """One training run in the background, in its own session, output to a log file."""
 
-    def __init__(self, args: list[str], log: Path, num_gpus: int = 2):
+    def __init__(self, args: list[str], log: Path, num_gpus: int = 2, runner: bool = True):
         self.port = free_port()
         self.log = log
         env = launch_env()
         if num_gpus == 1:  # plain `python train.py`: a world of one, port fixed for the shm name
             cmd = [sys.executable, str(TRAIN), *args]
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
+        elif not runner:  # the runner's own start-up spared (support.launch.node_launcher_command)
+            cmd = node_launcher_command(num_gpus, self.port, TRAIN, args)
+            env = as_the_runner_sets(env)
         else:
             cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(num_gpus)]
             cmd += ["--master_port", str(self.port), str(TRAIN), *args]
@@ -68,7 +81,10 @@ class Launch:
         return self._find(f"--local_rank={r}")
 
     def launcher(self) -> psutil.Process:
-        """DeepSpeed's per-node launcher, `python -m deepspeed.launcher.launch`."""
+        """DeepSpeed's per-node launcher, `python -m deepspeed.launcher.launch`: the runner's
+        child, or the launch itself."""
+        if "deepspeed.launcher.launch" in self.proc.args:
+            return psutil.Process(self.proc.pid)
         return self._find("deepspeed.launcher.launch")
 
     def wait_for(self, condition, what: str, timeout: float = 180, poll: float = 0.005) -> None:

@@ -106,8 +106,7 @@ def run_deepspeed(
     launcher_args = extra_launcher_args or []
     if set(launcher_args) <= {"--module"}:
         cmd = node_launcher_command(num_gpus, port, script, args, module=bool(launcher_args))
-        # as the runner does: the ranks import gpt_ds from the working directory first
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        env = as_the_runner_sets(env)
     else:
         cmd = [
             str(VENV_BIN / "deepspeed"),
@@ -161,6 +160,12 @@ def node_launcher_command(
         str(script),
         *args,
     ]
+
+
+def as_the_runner_sets(env: dict[str, str]) -> dict[str, str]:
+    """`env` as DeepSpeed's runner hands it to the launcher: the working directory (the repo)
+    first on PYTHONPATH, so the ranks import this checkout's gpt_ds."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}
 
 
 def run_python(

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import psutil
 
-from support.launch import REPO, VENV_BIN, free_port, launch_env, remove_shm_buffers
+from support.launch import (
+    REPO,
+    as_the_runner_sets,
+    free_port,
+    launch_env,
+    node_launcher_command,
+    remove_shm_buffers,
+)
 
 
 def status_bytes(pid: int, field: str) -> int:
@@ -57,17 +64,18 @@ class Watched:
 
 
 def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.inf) -> Watched:
-    """`deepspeed --num_gpus RANKS ARGS` on a fresh port, output to `log`, every rank's VmHWM
+    """`deepspeed --num_gpus RANKS ARGS` on a fresh port (what it runs on one node: DeepSpeed's
+    per-node launcher, support.launch.node_launcher_command), output to `log`, every rank's VmHWM
     polled every 0.1 s: the kernel keeps each rank's peak, but only while the rank lives. Past
     `timeout` seconds the launch and every process it started are killed. Its /dev/shm buffers
     are removed either way."""
     port = free_port()
-    cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(port)]
-    cmd += [str(a) for a in args]
+    cmd = node_launcher_command(ranks, port, args[0], [str(a) for a in args[1:]])
+    env = as_the_runner_sets(launch_env())
     peaks: dict[int, int] = {}
     deadline = time.monotonic() + timeout
     with log.open("w") as f:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=launch_env(), stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
         launcher = psutil.Process(proc.pid)
         try:
             while proc.poll() is None and time.monotonic() < deadline:
