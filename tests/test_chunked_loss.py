@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.compared_runs import ITERS, SAME_NUMBERS, WHOLE
+from helpers.compared_runs import ITERS, WHOLE
 from support.runs import train_losses, val_losses
 
 from gpt_ds.data.tokenizer import get_encoding
@@ -141,10 +141,9 @@ def test_backward_keeps_two_gradients_instead_of_the_logits():
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_chunked_run_follows_the_full_logits_run(stage, runs):
     """Real 2-rank runs, --loss chunked (the default: helpers.compared_runs' shared baseline)
-    against --loss full (with activation checkpointing, the other flag of SAME_NUMBERS): the
-    same loss curve and val losses to float noise (under ZeRO-3 the tied head weight is
-    gathered for the chunked head as for the plain one)."""
-    chunked, full = runs(stage, **WHOLE), runs(stage, **WHOLE, **SAME_NUMBERS)
+    against --loss full: the same loss curve and val losses to float noise (under ZeRO-3 the
+    tied head weight is gathered for the chunked head as for the plain one)."""
+    chunked, full = runs(stage, **WHOLE), runs(stage, **WHOLE, loss="full")
     full_train, full_val = train_losses(full), val_losses(full)
     ours_train, ours_val = train_losses(chunked), val_losses(chunked)
     assert sorted(ours_train) == list(range(1, ITERS + 1)) and sorted(ours_val) == [2, ITERS]

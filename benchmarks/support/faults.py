@@ -23,10 +23,9 @@ from support.launch import (
     REPO,
     TRAIN,
     VENV_BIN,
-    as_the_runner_sets,
     free_port,
     launch_env,
-    node_launcher_command,
+    node_launch,
     shm_buffers,
 )
 
@@ -41,9 +40,8 @@ class Launch:
         if num_gpus == 1:  # plain `python train.py`: a world of one, port fixed for the shm name
             cmd = [sys.executable, str(TRAIN), *args]
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
-        elif not runner:  # the runner's own start-up spared (support.launch.node_launcher_command)
-            cmd = node_launcher_command(num_gpus, self.port, TRAIN, args)
-            env = as_the_runner_sets(env)
+        elif not runner:  # the runner's own start-up spared (support.launch.node_launch)
+            cmd, env = node_launch(num_gpus, self.port, TRAIN, args, env)
         else:
             cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(num_gpus)]
             cmd += ["--master_port", str(self.port), str(TRAIN), *args]

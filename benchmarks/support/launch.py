@@ -99,14 +99,12 @@ def run_deepspeed(
 ) -> subprocess.CompletedProcess:
     """`deepspeed --num_gpus N script args...` on localhost with a fresh port; output captured.
     Runs what that command runs on one node, DeepSpeed's per-node launcher, unless
-    `extra_launcher_args` asks for the runner (a hostfile, --include, ...): see
-    `node_launcher_command`."""
+    `extra_launcher_args` asks for the runner (a hostfile, --include, ...): see `node_launch`."""
     port = free_port()
-    env = dict(env or launch_env())
     launcher_args = extra_launcher_args or []
     if set(launcher_args) <= {"--module"}:
-        cmd = node_launcher_command(num_gpus, port, script, args, module=bool(launcher_args))
-        env = as_the_runner_sets(env)
+        module = bool(launcher_args)
+        cmd, env = node_launch(num_gpus, port, script, args, env or launch_env(), module)
     else:
         cmd = [
             str(VENV_BIN / "deepspeed"),
@@ -118,6 +116,7 @@ def run_deepspeed(
             str(script),
             *args,
         ]
+        env = env or launch_env()
     try:
         proc = subprocess.run(
             cmd,
@@ -137,16 +136,23 @@ def run_deepspeed(
     return proc
 
 
-def node_launcher_command(
-    num_gpus: int, port: int, script: Path | str, args: list[str], module: bool = False
-) -> list[str]:
-    """The command `deepspeed --num_gpus N [--module] script args` runs on one node
-    (deepspeed/launcher/runner.py, its single-node branch): `python -m deepspeed.launcher.launch`
-    with the node's world. Starting it directly saves the runner's own Python start-up, about
-    1.5 s of each launch; the runner is tested where it does something (tests/test_launchers.py,
-    test_faults.py's signals, the hostfile and multi-node tests)."""
+def node_launch(
+    num_gpus: int,
+    port: int,
+    script: Path | str,
+    args: list[str],
+    env: dict[str, str],
+    module: bool = False,
+) -> tuple[list[str], dict[str, str]]:
+    """The command `deepspeed --num_gpus N [--module] script args` runs on one node, and its
+    environment (deepspeed/launcher/runner.py, its single-node branch): `python -m
+    deepspeed.launcher.launch` with the node's world, `env` with the working directory (the
+    repo) first on PYTHONPATH so the ranks import this checkout's gpt_ds. Starting it directly
+    saves the runner's own Python start-up, about 2.5 s of each launch here; the runner is
+    tested where it does something (tests/test_launchers.py, test_faults.py's signals, the
+    hostfile and multi-node tests)."""
     world = json.dumps({"localhost": list(range(num_gpus))}).encode()
-    return [
+    cmd = [
         sys.executable,
         "-u",
         "-m",
@@ -160,12 +166,8 @@ def node_launcher_command(
         str(script),
         *args,
     ]
-
-
-def as_the_runner_sets(env: dict[str, str]) -> dict[str, str]:
-    """`env` as DeepSpeed's runner hands it to the launcher: the working directory (the repo)
-    first on PYTHONPATH, so the ranks import this checkout's gpt_ds."""
-    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}
+    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return cmd, {**env, "PYTHONPATH": path}
 
 
 def run_python(

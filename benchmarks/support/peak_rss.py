@@ -14,10 +14,9 @@ import psutil
 
 from support.launch import (
     REPO,
-    as_the_runner_sets,
     free_port,
     launch_env,
-    node_launcher_command,
+    node_launch,
     remove_shm_buffers,
 )
 
@@ -65,13 +64,12 @@ class Watched:
 
 def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.inf) -> Watched:
     """`deepspeed --num_gpus RANKS ARGS` on a fresh port (what it runs on one node: DeepSpeed's
-    per-node launcher, support.launch.node_launcher_command), output to `log`, every rank's VmHWM
+    per-node launcher, support.launch.node_launch), output to `log`, every rank's VmHWM
     polled every 0.1 s: the kernel keeps each rank's peak, but only while the rank lives. Past
     `timeout` seconds the launch and every process it started are killed. Its /dev/shm buffers
     are removed either way."""
     port = free_port()
-    cmd = node_launcher_command(ranks, port, args[0], [str(a) for a in args[1:]])
-    env = as_the_runner_sets(launch_env())
+    cmd, env = node_launch(ranks, port, args[0], [str(a) for a in args[1:]], launch_env())
     peaks: dict[int, int] = {}
     deadline = time.monotonic() + timeout
     with log.open("w") as f:

@@ -32,15 +32,6 @@ BASE = {
 }
 # the baseline most comparisons share: one micro-batch of 8 per step, 16 evaluation windows
 WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}
-# Flags that must change no number, on together in one run per stage compared with WHOLE
-# (tests/test_activation_checkpointing.py, test_chunked_loss.py): block recomputation in
-# backward and the full-logits loss against the default chunked one. One launch proves both;
-# where it fails, `runs(stage, **WHOLE, activation_checkpointing=True)` (or `loss="full"`)
-# alone says which. The full-logits loss sums in another order than the chunked one: Adam turns
-# those last-bit gradient differences into weights up to 2.5e-6 apart after 4 steps (measured,
-# the tied embedding), hence SAME_NUMBERS_ATOL for the weights.
-SAME_NUMBERS_ATOL = 1e-5
-SAME_NUMBERS = {"activation_checkpointing": True, "loss": "full"}
 _DONE: dict[tuple, tuple[Path, str]] = {}
 
 
@@ -69,17 +60,16 @@ def assert_losses_close(out_a: Path, out_b: Path, rel: float = 1e-5) -> dict[int
     return a
 
 
-def assert_weights_close(out_a: Path, out_b: Path, tag: str = "final", atol: float = 1e-6) -> float:
+def assert_weights_close(out_a: Path, out_b: Path, tag: str = "final") -> float:
     """The consolidated fp32 weights of `tag` equal to float rounding; returns the largest
-    difference (for the assertion messages of the caller). Each step moves a weight by up to
-    the learning rate, 6e-3: a fault shows far above any `atol` given here."""
+    difference (for the assertion messages of the caller)."""
     wa = consolidated_model(out_a, tag).state_dict()
     wb = consolidated_model(out_b, tag).state_dict()
     assert wa.keys() == wb.keys()
     worst = 0.0
     for name in wa:
         torch.testing.assert_close(
-            wa[name], wb[name], rtol=1e-5, atol=atol, msg=lambda m, n=name: f"{n}: {m}"
+            wa[name], wb[name], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
         )
         worst = max(worst, (wa[name] - wb[name]).abs().max().item())
     return worst
