@@ -3,6 +3,8 @@
 - `launch`: start real DeepSpeed runs (free ports, the ranks' environment, /dev/shm cleanup),
   the arguments of a tiny CPU run, and `planned` (the trainer's plan for a launch's flags, in
   the world that launch gives it).
+- `node_launcher`: a script, DeepSpeed's per-node launcher without its start-up, that the
+  tests' launches run (tests/test_node_launcher.py holds it to DeepSpeed's).
 - `runs`: what a run left behind: losses by iteration, consolidated weights.
 - `faults`: a run in the background that a test or the fault drill can kill, signal and watch.
 - `workspace`: a benchmark's scratch directory and the Tiny Shakespeare data in it.
