@@ -16,6 +16,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_exte
 
 import pytest  # noqa: E402
 from helpers.compared_runs import compared_run
+from helpers.files import HELLASWAG_MINI
 from support.faults import Launch  # noqa: E402
 from support.launch import (  # noqa: E402
     REPO,
@@ -66,8 +67,9 @@ def shakespeare_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def stage_run(shakespeare_dir, tmp_path_factory):
     """stage_run(stage) -> (out_dir, stdout) of a 24-iteration, 2-rank fp32 gpt2-tiny run under
-    ds_configs/zero{stage}.json (evaluations at 10, 20, 24), launched once per session on first
-    use: test_train checks that it trained, test_export exports it. Read-only for its users."""
+    ds_configs/zero{stage}.json (evaluations at 10, 20, 24, each with HellaSwag's score on
+    tests/data/hellaswag_mini.jsonl), launched once per session on first use: test_train checks
+    that it trained, test_export exports it. Read-only for its users."""
     runs: dict[int, tuple[Path, str]] = {}
 
     def get(stage: int) -> tuple[Path, str]:
@@ -78,6 +80,7 @@ def stage_run(shakespeare_dir, tmp_path_factory):
                 out,
                 deepspeed_config=f"ds_configs/zero{stage}.json",
                 max_iters=STAGE_RUN_ITERS,
+                hellaswag=HELLASWAG_MINI,
             )
             runs[stage] = (out, run_deepspeed(args, num_gpus=2).stdout)
         return runs[stage]

@@ -35,6 +35,7 @@ SCRIPTS = [
     "gpt-ds-prepare",
     "gpt-ds-export",
     "gpt-ds-sample",
+    "gpt-ds-eval",
     "gpt-ds-pick-preset",
     "gpt-ds-preflight",
     "gpt-ds-plot",

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.files import HELLASWAG_MINI
 from support.launch import launch_env, run_deepspeed, run_python, tiny_run_args
 
 from gpt_ds.observe.metrics import format_duration, lookup, read_metrics
@@ -69,7 +70,7 @@ def test_eta_reads_at_a_glance():
 @pytest.fixture(scope="module")
 def monitored_run(shakespeare_dir, tmp_path_factory):
     """6 iterations on 2 ranks with TensorBoard, CSV and W&B (offline) monitors, evaluations at
-    3 and 6, checkpoints every 2 iterations."""
+    3 and 6 (HellaSwag scored on the suite's mini file), checkpoints every 2 iterations."""
     root = tmp_path_factory.mktemp("monitored")
     out = root / "run"
     args = tiny_run_args(
@@ -83,6 +84,7 @@ def monitored_run(shakespeare_dir, tmp_path_factory):
         tensorboard_dir=root / "tb",
         csv_dir=root / "csv",
         wandb_project="gpt-ds-test",
+        hellaswag=HELLASWAG_MINI,
     )
     env = {**launch_env(), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     proc = run_deepspeed(args, num_gpus=2, env=env)
@@ -147,6 +149,9 @@ def test_tensorboard_holds_the_metrics_at_their_steps(monitored_run):
         assert scalars[tag] == pytest.approx({r["iter"]: r[key] for r in train}, rel=1e-6), tag
     assert scalars["val/loss"] == pytest.approx({r["iter"]: r["val_loss"] for r in evals})
     assert scalars["val/perplexity"] == pytest.approx({r["iter"]: r["val_ppl"] for r in evals})
+    for key in ("hellaswag_acc_norm", "hellaswag_acc"):
+        assert scalars[f"val/{key}"] == pytest.approx({r["iter"]: r[key] for r in evals}), key
+    assert "val/hellaswag_examples" not in scalars  # a count, in metrics.jsonl only
     assert not any(t.startswith("Train/Samples") for t in scalars)  # DeepSpeed's own: off
 
 
@@ -160,6 +165,10 @@ def test_csv_files_hold_the_same_values(monitored_run):
     assert {int(s): float(v) for s, v in rows[1:]} == pytest.approx(logged)
     with (root / "csv" / "run" / "val_loss.csv").open() as f:
         assert [int(row[0]) for row in list(csv.reader(f))[1:]] == [3, 6]
+    with (root / "csv" / "run" / "val_hellaswag_acc_norm.csv").open() as f:
+        rows = list(csv.reader(f))[1:]
+    scores = {r["iter"]: r["hellaswag_acc_norm"] for r in _records(out, "eval")}
+    assert {int(s): float(v) for s, v in rows} == pytest.approx(scores)
 
 
 @pytest.mark.slow
@@ -171,6 +180,7 @@ def test_wandb_offline_writes_its_run_directory(monitored_run):
     assert len(runs) == 1, list((out / "wandb").iterdir())
     data = next(runs[0].glob("run-*.wandb")).read_bytes()
     assert b"train/loss" in data and b"val/loss" in data and b"gpt-ds-test" in data
+    assert b"val/hellaswag_acc_norm" in data
     for r in _records(out, "train"):
         assert json.dumps(r["loss"]).encode() in data, r
     for r in _records(out, "eval"):

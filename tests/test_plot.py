@@ -63,6 +63,9 @@ def check_drawn(fig, label: str, out: Path, tokens_per_iter: int) -> None:
         (1, f"{label}/val"): ([i * tokens_per_iter for i in val_iters], val),
         (2, f"{label}/tokens_per_sec"): (iters, [train[i]["tokens_per_sec"] for i in iters]),
     }
+    scores = [evals[i].get("hellaswag_acc_norm") for i in val_iters]
+    if any(x is not None for x in scores):  # --hellaswag: its panel, right of the throughput
+        expected[3, f"{label}/hellaswag"] = (val_iters, scores)
     for key, (xs, ys) in expected.items():
         np.testing.assert_array_equal(drawn[key], np.column_stack([xs, ys]), err_msg=str(key))
 
@@ -79,6 +82,7 @@ def test_plot_of_a_real_run_draws_its_records(stage_run, tmp_path, capsys):
     fig = plot.draw(runs)
     check_drawn(fig, out.name, out, STAGE_TOKENS_PER_ITER)
     assert f"{STAGE_RUN_ITERS} iterations" in fig.get_suptitle()
+    assert fig.axes[3].get_title() == "HellaSwag acc_norm"  # the run scored --hellaswag
 
     # the same records in the older format, without "kind", "tokens" and the start event (no
     # config to read the batch from): kinds inferred, tokens from the logged throughput
@@ -111,7 +115,8 @@ def test_two_runs_overlaid_with_labels_smoothing_and_log_scale(stage_run, tmp_pa
         np.testing.assert_array_equal(drawn[2, f"{label}/tokens_per_sec"][:, 0], sorted(train))
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert legend == ["zero2", "zero3", "train (mean of 3)", "val"]
-    assert [ax.get_yscale() for ax in fig.axes] == ["log", "log", "linear"]
+    # loss axes only: throughput and HellaSwag (both runs scored it) stay linear
+    assert [ax.get_yscale() for ax in fig.axes] == ["log", "log", "linear", "linear"]
     assert fig.get_suptitle() == "2 runs: zero2, zero3"
 
 

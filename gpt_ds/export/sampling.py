@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ from gpt_ds.data.tokenizer import EOT_TOKEN, get_encoding
 
 @dataclass
 class LoadedModel:
-    model: object  # GPT2LMHeadModel, eval mode
+    model: Any  # GPT2LMHeadModel (or any causal LM transformers loads), eval mode
     source: str  # what was loaded, for the user
 
 

@@ -372,9 +372,12 @@ class MetricsLogger:
         train_loss: float | None,
         ppl: float,
         by_source: dict[str, float] | None = None,
+        scores: dict[str, float] | None = None,
     ) -> None:
         """An evaluation; for a mixture `val_loss` is the weighted mean of `by_source`'s,
-        each also recorded as `val_loss/<source>` (and monitored as `val/loss/<source>`)."""
+        each also recorded as `val_loss/<source>` (and monitored as `val/loss/<source>`).
+        `scores`: benchmark figures of the same weights (`hellaswag_acc_norm`, ...), recorded
+        and monitored as `val/<name>`."""
         rec = {
             "iter": iteration,
             "tokens": tokens,
@@ -384,16 +387,19 @@ class MetricsLogger:
         by_source = by_source or {}
         sources = {f"val_loss/{name}": loss for name, loss in by_source.items()}
         rec.update(sources)
+        rec.update(scores or {})
         if train_loss is not None and math.isfinite(train_loss):
             rec["train_loss"] = train_loss
         if self.enabled:
             each = "".join(f" | {name} {loss:.4f}" for name, loss in by_source.items())
+            each += _scores_text(scores or {})
             logs.LOGGER.info(
                 f"{time.strftime('%Y-%m-%d %H:%M:%S')} eval {iteration:>{self._width}}/"
                 f"{self.facts.max_iters} | val loss {val_loss:.4f} | val ppl {ppl:.2f}{each}"
             )
             self.write("eval", rec)
             tags = {**_EVAL_TAGS, **{key: key.replace("val_loss/", "val/loss/") for key in sources}}
+            tags.update({key: f"val/{key}" for key in scores or {} if key in _SCORE_TAGS})
             self._monitor(iteration, tags, rec)
 
     def event(self, record: dict) -> None:
@@ -420,6 +426,18 @@ _TRAIN_TAGS = {
     "epoch": "train/epoch",
 }
 _EVAL_TAGS = {"val_loss": "val/loss", "val_ppl": "val/perplexity"}
+_SCORE_TAGS = ("hellaswag_acc_norm", "hellaswag_acc")  # monitored; the example count only logged
+
+
+def _scores_text(scores: dict[str, float]) -> str:
+    """The eval line's tail for benchmark scores, e.g.
+    ` | hellaswag acc_norm 0.2950 acc 0.2890 (10042)`: the examples scored in brackets."""
+    if "hellaswag_acc_norm" not in scores:
+        return ""
+    return (
+        f" | hellaswag acc_norm {scores['hellaswag_acc_norm']:.4f} "
+        f"acc {scores['hellaswag_acc']:.4f} ({int(scores['hellaswag_examples'])})"
+    )
 
 
 def rewind(out_dir: str | Path, iteration: int) -> int:

@@ -33,6 +33,7 @@ from gpt_ds.base.errors import GptDsError
 from gpt_ds.observe.metrics import read_metrics, record_kind
 
 INSTALL_HINT = "pip install 'gpt_ds[plot]'"
+HELLASWAG = "hellaswag_acc_norm"  # an eval record's HellaSwag score (training/hellaswag.py)
 SOURCE_PREFIX = "val_loss/"  # a mixture's per-source val loss in metrics.jsonl (metrics.py)
 SOURCE_MARKERS = ("s", "^", "v", "D", "P", "X", "*", "<", ">")  # one per source, in order
 
@@ -52,6 +53,8 @@ class RunSeries:
     val_loss: list[float] = field(default_factory=list)
     val_by_source: dict[str, list[float]] = field(default_factory=dict)
     """A mixture's val loss of each source (`val_loss/<name>`), at eval_iters."""
+    hellaswag: list[float] = field(default_factory=list)
+    """HellaSwag acc_norm at eval_iters (NaN where not scored); empty without --hellaswag."""
 
 
 @dataclass
@@ -197,7 +200,15 @@ def load_run(out_dir: str | Path, label: str | None = None) -> RunSeries:
         eval_tokens=[float(r["tokens"]) for r in evals],
         val_loss=[float(r["val_loss"]) for r in evals],
         val_by_source=_by_source(evals),
+        hellaswag=_hellaswag(evals),
     )
+
+
+def _hellaswag(evals: list[dict]) -> list[float]:
+    """acc_norm at each evaluation of a run scored with --hellaswag (NaN where one lacks it)."""
+    if not any(HELLASWAG in r for r in evals):
+        return []
+    return [float(r.get(HELLASWAG, math.nan)) for r in evals]
 
 
 def _by_source(evals: list[dict]) -> dict[str, list[float]]:
@@ -321,21 +332,38 @@ def draw(
     dpi: int = 100,
 ):
     """The figure (a matplotlib Figure, `width` x `height` pixels): loss against iterations
-    and against tokens seen on top, tokens/s against iterations below, one colour per run.
-    Each line's gid is "LABEL/train", "LABEL/train_raw", "LABEL/val" or "LABEL/tokens_per_sec"
-    (tests read the plotted data back by it)."""
+    and against tokens seen on top, tokens/s against iterations below (beside HellaSwag's
+    acc_norm for runs scored with --hellaswag), one colour per run. Each line's gid is
+    "LABEL/train", "LABEL/train_raw", "LABEL/val", "LABEL/tokens_per_sec" or
+    "LABEL/hellaswag" (tests read the plotted data back by it)."""
     Figure, FigureCanvasAgg, _, _ = _matplotlib()
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)  # attaches itself: savefig renders with Agg, no display needed
     grid = fig.add_gridspec(2, 2, height_ratios=[3, 2])
-    axes = (fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :]))
+    scored = any(run.hellaswag for run in runs)
+    axes = (
+        fig.add_subplot(grid[0, 0]),
+        fig.add_subplot(grid[0, 1]),
+        fig.add_subplot(grid[1, 0] if scored else grid[1, :]),
+    )
+    hellaswag = fig.add_subplot(grid[1, 1]) if scored else None
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
         _draw_losses(axes[0], run, run.train_iters, run.eval_iters, color, smooth_window)
         _draw_losses(axes[1], run, run.train_tokens, run.eval_tokens, color, smooth_window)
         gid = f"{run.label}/tokens_per_sec"
         axes[2].plot(run.train_iters, run.tokens_per_sec, color=color, lw=1.4, gid=gid)
+        if hellaswag is not None and run.hellaswag:
+            style = {"ls": "--", "marker": "o", "ms": 4, "lw": 1.2}
+            gid = f"{run.label}/hellaswag"
+            hellaswag.plot(run.eval_iters, run.hellaswag, color=color, gid=gid, **style)
     _decorate(fig, axes, runs, smooth_window, log_y)
+    if hellaswag is not None:
+        hellaswag.axhline(0.25, color="0.5", ls=":", lw=1, label="chance (0.25)")
+        hellaswag.set(xlabel="iteration", ylabel="acc_norm")
+        hellaswag.set_title("HellaSwag acc_norm", fontsize="medium")
+        hellaswag.legend(fontsize="small")
+        hellaswag.grid(alpha=0.3)
     return fig
 
 

@@ -179,6 +179,12 @@ class RunConfig:
         "(one rank's sequences per step: the split into micro-batches leaves the set as is), "
         "shared among the ranks.",
     )
+    hellaswag: str | None = option(
+        None,
+        "HellaSwag's validation file (hellaswag_val.jsonl, one JSON object a line): its "
+        "acc_norm and acc scored at each evaluation, completion style as llm.c does "
+        "(docs/evaluation.md), logged beside the val loss.",
+    )
     log_interval: int = option(10, "Log training metrics every N iterations.")
     hang_timeout: float | None = option(
         None,

@@ -612,10 +612,36 @@ class Trainer:
         )
         train_loss = self.window.take_eval_mean()
         self.metrics.log_eval(
-            it, self.tokens_seen, res.loss, train_loss, res.perplexity, res.by_source
+            it,
+            self.tokens_seen,
+            res.loss,
+            train_loss,
+            res.perplexity,
+            res.by_source,
+            self.hellaswag_scores(),
         )
         self.last_val, self.last_val_iter = res.loss, it
         self.patience_ran_out = self.early_stop.observe(res.loss, it)
+
+    def hellaswag_scores(self) -> dict[str, float]:
+        """--hellaswag's figures for this evaluation (none without the flag)."""
+        if not self.plan.hellaswag:
+            return {}
+        from gpt_ds.training.hellaswag import score_hellaswag
+
+        res = score_hellaswag(
+            self.engine,
+            self.plan.hellaswag,
+            self.shape.block_size,
+            dist.device(),
+            rank=dist.rank(),
+            world_size=dist.world_size(),
+        )
+        return {
+            "hellaswag_acc_norm": res.acc_norm,
+            "hellaswag_acc": res.acc,
+            "hellaswag_examples": res.examples,
+        }
 
     def save(self, tag: str) -> None:
         """Checkpoint `tag`; it becomes the best tag when evaluated here and better than any
