@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.files import HELLASWAG_MINI
-from support.launch import REPO, STAGE_RUN_ITERS, run_deepspeed, run_python
+from support.launch import (
+    REPO,
+    STAGE_RUN_ITERS,
+    run_deepspeed,
+    run_python,
+    tiny_run_args,
+    train_fails,
+)
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt_ds.base.errors import DataError
@@ -20,6 +27,7 @@ from gpt_ds.data.hellaswag import read_hellaswag, render
 from gpt_ds.data.tokenizer import get_encoding
 from gpt_ds.export.hf import export_checkpoint
 from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.run.plan import hellaswag_examples
 from gpt_ds.training.hellaswag import ending_losses, score_hellaswag
 
 MINI = HELLASWAG_MINI
@@ -201,3 +209,18 @@ def test_the_eval_command_refuses_a_malformed_file_before_loading_a_model(tmp_pa
     )
     assert proc.returncode == 2 and "line 1:" in proc.stderr and str(bad) in proc.stderr
     assert "absent" not in proc.stderr  # the model was never looked at
+
+
+def test_the_trainer_refuses_a_malformed_file_before_anything_starts(shakespeare_dir, tmp_path):
+    bad = tmp_path / "val.jsonl"
+    bad.write_text(MINI.read_text().splitlines()[0] + "\n[1, 2]\n")
+    err = train_fails(tiny_run_args(shakespeare_dir, tmp_path / "out", hellaswag=bad))
+    assert "line 2:" in err and str(bad) in err and "line 1:" not in err
+    assert not (tmp_path / "out").exists()  # refused before the out dir was made
+
+
+def test_a_block_too_short_for_every_ending_is_refused_at_planning():
+    """A 4-token block leaves no ending room for a context token: nothing to score."""
+    with pytest.raises(DataError) as caught:
+        hellaswag_examples(str(MINI), block_size=4)
+    assert str(MINI) in str(caught.value) and "4 tokens or more" in str(caught.value)
