@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.files import HELLASWAG_MINI
+from helpers.hellaswag import reference_losses, reference_scores
 from support.launch import (
     REPO,
     STAGE_RUN_ITERS,
@@ -24,7 +25,6 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.data.hellaswag import read_hellaswag, render
-from gpt_ds.data.tokenizer import get_encoding
 from gpt_ds.export.hf import export_checkpoint
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.run.plan import hellaswag_examples
@@ -33,45 +33,6 @@ from gpt_ds.training.hellaswag import ending_losses, score_hellaswag
 MINI = HELLASWAG_MINI
 EVAL = REPO / "tools" / "evaluate.py"
 BLOCK = 64
-
-
-def reference_losses(model, item: dict, block: int) -> list[tuple[float, float]] | None:
-    """(summed, mean) loss of each ending after its context, one row at a time; None when an
-    ending alone fills the block."""
-    enc = get_encoding()
-    context = enc.encode_ordinary(item["ctx"])
-    out = []
-    for ending in item["endings"]:
-        end = enc.encode_ordinary(" " + ending)
-        if len(end) >= block:
-            return None
-        row = context[max(0, len(context) - (block - len(end))) :] + end
-        with torch.no_grad():
-            logits = model(torch.tensor([row])).logits[0]
-        start = len(row) - len(end)
-        losses = torch.nn.functional.cross_entropy(
-            logits[start - 1 : -1], torch.tensor(row[start:]), reduction="none"
-        )
-        out.append((losses.sum().item(), losses.mean().item()))
-    return out
-
-
-def reference_scores(model, block: int) -> dict[str, float]:
-    """acc, acc_norm and the examples scored, as metrics.jsonl's eval records name them."""
-    right, right_norm, scored = 0, 0, 0
-    for line in MINI.read_text().splitlines():
-        item = json.loads(line)
-        losses = reference_losses(model, item, block)
-        if losses is None:
-            continue
-        right += min(range(4), key=lambda i: losses[i][0]) == item["label"]
-        right_norm += min(range(4), key=lambda i: losses[i][1]) == item["label"]
-        scored += 1
-    return {
-        "hellaswag_acc": right / scored,
-        "hellaswag_acc_norm": right_norm / scored,
-        "hellaswag_examples": scored,
-    }
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,8 @@ import re
 import numpy as np
 import pytest
 import torch
+from helpers.files import HELLASWAG_MINI
+from helpers.hellaswag import reference_scores
 from support.launch import REPO, run_deepspeed, run_python, tiny_run_args
 from support.runs import consolidated_model, train_losses
 
@@ -111,13 +113,18 @@ def test_eval_with_uneven_windows_per_rank(shakespeare_dir, tmp_path):
 def test_plain_python_runs_one_rank(shakespeare_dir, tmp_path):
     """`python gpt_ds/train.py` trains as a world of one and evaluates like the reference."""
     out = tmp_path / "one"
-    args = tiny_run_args(shakespeare_dir, out, max_iters=4, eval_interval=2, eval_iters=3)
+    args = tiny_run_args(
+        shakespeare_dir, out, max_iters=4, eval_interval=2, eval_iters=3, hellaswag=HELLASWAG_MINI
+    )
     proc = run_python([str(REPO / "gpt_ds" / "train.py"), *args])
     assert "rank 0/1" in proc.stdout
     assert sorted(train_losses(out)) == [1, 2, 3, 4]
-    logged = eval_records(out)[-1]["val_loss"]
-    ref = reference_val_loss(consolidated_model(out, "final"), shakespeare_dir / "val.bin", 64, 12)
-    assert math.isclose(logged, ref, rel_tol=0, abs_tol=2e-5), (logged, ref)
+    last = eval_records(out)[-1]
+    model = consolidated_model(out, "final")
+    ref = reference_val_loss(model, shakespeare_dir / "val.bin", 64, 12)
+    assert math.isclose(last["val_loss"], ref, rel_tol=0, abs_tol=2e-5), (last["val_loss"], ref)
+    expected = reference_scores(model, 64)  # HellaSwag on one rank too
+    assert {key: last[key] for key in expected} == expected
 
 
 def test_deepspeed_module_launch(shakespeare_dir, tmp_path):
