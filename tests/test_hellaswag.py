@@ -24,10 +24,10 @@ from support.launch import (
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt_ds.base.errors import DataError
-from gpt_ds.data.hellaswag import read_hellaswag, render
+from gpt_ds.data.hellaswag import read_hellaswag, render, render_all
 from gpt_ds.export.hf import export_checkpoint
 from gpt_ds.observe.metrics import read_metrics
-from gpt_ds.run.plan import hellaswag_examples
+from gpt_ds.run.plan import hellaswag_rows
 from gpt_ds.training.hellaswag import ending_losses, score_hellaswag
 
 MINI = HELLASWAG_MINI
@@ -60,7 +60,7 @@ def test_each_endings_loss_and_the_accuracies_equal_the_reference(model):
         right[0] += min(range(4), key=lambda i: expected[i][0]) == item["label"]
         right[1] += min(range(4), key=lambda i: expected[i][1]) == item["label"]
         scored += 1
-    result = score_hellaswag(model, examples, BLOCK, torch.device("cpu"))
+    result = score_hellaswag(model, render_all(examples, BLOCK, MINI), torch.device("cpu"))
     assert (result.examples, result.skipped) == (scored, 1) == (11, 1)
     assert (result.acc, result.acc_norm) == (right[0] / scored, right[1] / scored)
     assert "11 examples, 1 skipped" in result.line()
@@ -183,5 +183,5 @@ def test_the_trainer_refuses_a_malformed_file_before_anything_starts(shakespeare
 def test_a_block_too_short_for_every_ending_is_refused_at_planning():
     """A 4-token block leaves no ending room for a context token: nothing to score."""
     with pytest.raises(DataError) as caught:
-        hellaswag_examples(str(MINI), block_size=4)
+        hellaswag_rows(str(MINI), block_size=4)
     assert str(MINI) in str(caught.value) and "4 tokens or more" in str(caught.value)

@@ -62,26 +62,20 @@ def evaluate(opts: EvalOptions) -> int:
 
 def _score(opts: EvalOptions, examples: list[Example]) -> int:
     from gpt_ds.base import dist
-    from gpt_ds.base.errors import DataError
-    from gpt_ds.data.hellaswag import render
+    from gpt_ds.data.hellaswag import render_all
     from gpt_ds.export.sampling import load_model
     from gpt_ds.training.hellaswag import score_hellaswag
 
     device = dist.device()
     loaded = load_model(opts.model, opts.tag, str(device), opts.allow_unverified)
     block = loaded.model.config.n_positions
-    if all(render(e, block) is None for e in examples):
-        raise DataError(
-            f"--hellaswag {opts.hellaswag}: every example has an ending of {block} tokens or "
-            f"more, the block of {loaded.source}: nothing to score"
-        )
+    data = render_all(examples, block, opts.hellaswag)
     if dist.is_main():
         print(f"loaded {loaded.source}; block {block}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     result = score_hellaswag(
         loaded.model,
-        examples,
-        block,
+        data,
         device,
         rank=dist.rank(),
         world_size=dist.world_size(),

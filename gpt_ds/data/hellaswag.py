@@ -41,6 +41,14 @@ class Rows:
     label: int
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """A file's examples rendered for one block size, once: what scoring reads each time."""
+
+    rows: list[Rows]  # the examples that fit, never empty
+    skipped: int  # an ending too long for the block
+
+
 def read_hellaswag(path: str | Path) -> list[Example]:
     """Every example of a HellaSwag JSONL file, tokenized. A malformed line is a DataError
     naming the file and line (all such lines, up to MAX_PROBLEMS_SHOWN), before any scoring."""
@@ -112,3 +120,16 @@ def render(example: Example, block_size: int) -> Rows | None:
         tokens[i, : len(context) + len(ending)] = context + ending
         scored[i, len(context) : len(context) + len(ending)] = True
     return Rows(tokens, scored, example.label)
+
+
+def render_all(examples: list[Example], block_size: int, path: str | Path) -> Rendered:
+    """Every example of the file at `path` rendered for `block_size`; a DataError when none
+    fits (an ending of every example fills the block)."""
+    rendered = [render(e, block_size) for e in examples]
+    rows = [r for r in rendered if r is not None]
+    if not rows:
+        raise DataError(
+            f"--hellaswag {path}: every example has an ending of {block_size} tokens or more "
+            f"(the model's block): nothing to score; use a model with a longer block"
+        )
+    return Rendered(rows, skipped=len(examples) - len(rows))

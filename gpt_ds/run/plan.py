@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpt_ds.base import dist
-from gpt_ds.base.errors import CheckpointError, ConfigError, DataError, GptDsError
+from gpt_ds.base.errors import CheckpointError, ConfigError, GptDsError
 from gpt_ds.checkpoint.batch import Batch, check_batch, check_continuable
 from gpt_ds.checkpoint.checkpointer import check_model, check_same_data, damaged_files
 from gpt_ds.checkpoint.integrity import unverified_reason
@@ -44,7 +44,7 @@ from gpt_ds.run.init_source import InitSource, model_source
 from gpt_ds.run.lock import AUTO, RunLock, auto_starts, check_fresh_start
 
 if TYPE_CHECKING:  # imported where --hellaswag is given
-    from gpt_ds.data.hellaswag import Example
+    from gpt_ds.data.hellaswag import Rendered
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +61,7 @@ class RunPlan:
     init: InitSource  # the first weights of a run that does not resume (--init_from)
     estimate: MemoryEstimate  # predicted per-rank memory, checked against the machine
     run_id: str = ""  # this launch, in every metrics record and checkpoint (run/lock.py)
-    hellaswag: list[Example] | None = None  # --hellaswag's examples, read and checked
+    hellaswag: Rendered | None = None  # --hellaswag's examples, checked and rendered
 
     def record(self) -> dict[str, Any]:
         """The computed values a checkpoint's manifest keeps beside the run config; the batch
@@ -92,7 +92,7 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
         check_model(resume, asdict(shape))
     universal = resume is not None and needs_universal(resume.manifest, dist.world_size())
     data = load_mix(cfg.data_dir, shape.tokens, shape.block_size)
-    hellaswag = hellaswag_examples(cfg.hellaswag, shape.block_size) if cfg.hellaswag else None
+    hellaswag = hellaswag_rows(cfg.hellaswag, shape.block_size) if cfg.hellaswag else None
     ds = deepspeed_config(cfg, shape, universal, data.train_tokens)
     length = run_length(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
     check_monitors(ds.config)
@@ -115,23 +115,17 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     )
 
 
-def hellaswag_examples(path: str, block_size: int) -> list[Example]:
-    """--hellaswag's examples, refused now if the file is malformed or none fits the block."""
-    from gpt_ds.data.hellaswag import read_hellaswag, render
+def hellaswag_rows(path: str, block_size: int) -> Rendered:
+    """--hellaswag's examples, rendered for the run's block once; refused now if the file is
+    malformed or none fits the block."""
+    from gpt_ds.data.hellaswag import read_hellaswag, render_all
 
-    examples = read_hellaswag(path)
-    fits = sum(render(e, block_size) is not None for e in examples)
-    if not fits:
-        raise DataError(
-            f"--hellaswag {path}: every example has an ending of {block_size} tokens or more "
-            f"(the block): nothing to score; use a model with a longer block"
-        )
-    skipped = f" ({len(examples) - fits} skipped: an ending too long for the block)"
+    data = render_all(read_hellaswag(path), block_size, path)
+    skipped = f" ({data.skipped} skipped: an ending too long for the block)" if data.skipped else ""
     dist.print0(
-        f"hellaswag: {fits:,} examples of {path} scored at each evaluation"
-        + (skipped if fits < len(examples) else "")
+        f"hellaswag: {len(data.rows):,} examples of {path} scored at each evaluation{skipped}"
     )
-    return examples
+    return data
 
 
 def deepspeed_config(

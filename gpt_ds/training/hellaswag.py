@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt_ds.base import dist
-from gpt_ds.data.hellaswag import Example, Rows, render
+from gpt_ds.data.hellaswag import Rendered, Rows
 
 
 @dataclass(frozen=True)
@@ -59,19 +59,17 @@ def ending_losses(model, rows: Rows, device: torch.device) -> tuple[torch.Tensor
 @torch.no_grad()
 def score_hellaswag(
     model,
-    examples: list[Example],
-    block_size: int,
+    data: Rendered,
     device: torch.device,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = False,
 ) -> HellaSwagResult:
-    """acc and acc_norm of `model` on `examples`, shared across ranks (every rank calls it);
-    `progress`: a progress bar on rank 0's stderr (the eval command's long runs)."""
+    """acc and acc_norm of `model` on `data`'s examples, shared across ranks (every rank calls
+    it); `progress`: a progress bar on rank 0's stderr (the eval command's long runs)."""
     was_training = model.training
     model.eval()
-    rendered = [render(e, block_size) for e in examples]
-    kept = [r for r in rendered if r is not None]
+    kept = data.rows
     mine = kept[rank::world_size]
     right = torch.zeros(2, dtype=torch.float64, device=device)  # acc, acc_norm: no sync per item
     steps: Iterable[int] = range(math.ceil(len(kept) / world_size))
@@ -88,9 +86,4 @@ def score_hellaswag(
     if was_training:
         model.train()
     n = len(kept)
-    return HellaSwagResult(
-        acc=acc / n if n else math.nan,
-        acc_norm=acc_norm / n if n else math.nan,
-        examples=n,
-        skipped=len(examples) - n,
-    )
+    return HellaSwagResult(acc=acc / n, acc_norm=acc_norm / n, examples=n, skipped=data.skipped)

@@ -632,7 +632,6 @@ class Trainer:
         res = score_hellaswag(
             self.engine,
             self.plan.hellaswag,
-            self.shape.block_size,
             dist.device(),
             rank=dist.rank(),
             world_size=dist.world_size(),
