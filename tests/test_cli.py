@@ -75,6 +75,19 @@ def test_help_shows_defaults_groups_and_the_dedented_docstring():
     assert "(default: None)" not in text
 
 
+def test_a_switch_a_flag_file_turned_on_is_turned_off_by_no_name(tmp_path):
+    """A recipe that sets `activation_checkpointing: true` is overridden on the command line."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("activation_checkpointing: true\nno_checkpoint: true\n")
+    assert parse_args(["--config", str(recipe)]).activation_checkpointing
+    cfg = parse_args(["--config", str(recipe), "--no_activation_checkpointing"])
+    assert not cfg.activation_checkpointing and cfg.no_checkpoint
+    assert not parse(Options, ["o", "--rate", "1", "--local", "--quiet", "--no_quiet"]).quiet
+    with pytest.raises(SystemExit):  # a choice of a group, and a negation, get no --no_
+        parse(Options, ["o", "--rate", "1", "--local", "--no_local"])
+    assert "--no_quiet" not in build_parser(Options).format_help()
+
+
 def test_run_config_cli_accepts_the_launchers_local_rank():
     cfg = parse_args(["--local_rank=1", "--max_iters", "5"])
     assert (cfg.local_rank, cfg.max_iters) == (1, 5)

@@ -1,6 +1,6 @@
-"""The fine-tuning recipe of docs/memory.md (GPT-2 XL on 4 x 32 GB GPUs from `gpt2-xl`) scaled down:
-the preset picker prints the command for a small pretrained GPT-2 on 2 ranks, and that command,
-unchanged but for the data and output flags, trains."""
+"""The GPT-2 XL fine-tuning recipe (recipes/gpt2_xl_finetune_4x12gb.yaml, docs/memory.md) scaled
+down: the preset picker prints the command for a small pretrained GPT-2 on 2 ranks, and that
+command, unchanged but for the data and output flags, trains."""
 
 from __future__ import annotations
 

@@ -3,9 +3,10 @@
 Each field of an options dataclass becomes one argument; its metadata (set with `option()`)
 holds the `--help` text and, where needed, `positional`, `choices`, `const` (an optional value:
 `--resume` alone means `latest`), `group` (a titled section of `--help`) or `one_of` (a required
-choice of exactly one of several flags). Types come from the annotations: `bool` is a switch,
-`X | None` takes an X, `list[X]` takes one or more (with `repeatable`, also from repeated
-flags: `--x a --x b`). Defaults are written once, on the field.
+choice of exactly one of several flags). Types come from the annotations: `bool` is a switch
+(`--no_NAME` turns off one a `--config` file turned on), `X | None` takes an X, `list[X]` takes
+one or more (with `repeatable`, also from repeated flags: `--x a --x b`). Defaults are written
+once, on the field.
 
 `run_tool` is the one exit-code convention of the tools: 0 done, 2 on a `GptDsError` (printed
 as `error: ...`), 130 on Ctrl-C. `tool` names a command in a hint the way the user runs it: a
@@ -187,7 +188,18 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
         if flags[0].startswith("-"):
             kwargs["dest"] = f.name
         target.add_argument(*flags, **kwargs)
+        if kwargs.get("action") == "store_true" and _can_be_switched_off(f):
+            target.add_argument(
+                f"--no_{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS
+            )
     return parser
+
+
+def _can_be_switched_off(f: dataclasses.Field) -> bool:
+    """A switch a `--config` file may have turned on gets `--no_NAME` to turn it off again
+    (the command line wins over the file); not for switches that are already negations
+    (`--no_checkpoint`) or that choose one of a group."""
+    return not f.name.startswith("no_") and "one_of" not in f.metadata
 
 
 def parse(
