@@ -21,7 +21,7 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     # shellcheck disable=SC2086  # the spec may carry pip options on purpose
     "$venv/bin/pip" install --quiet $torch_spec
 fi
-"$venv/bin/pip" install --quiet -e '.[dev,bench,monitor,plot,data,gguf]'
+"$venv/bin/pip" install --quiet -e '.[dev,bench,monitor,plot,data,gguf,eval]'
 "$venv/bin/python" - <<'PY'
 import deepspeed, torch, transformers
 print(f"ready: torch {torch.__version__}, deepspeed {deepspeed.__version__}, "
