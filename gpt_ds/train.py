@@ -10,7 +10,6 @@ all checked before any model exists, identically on every rank) -> process group
 import logging
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         logs.configure(cfg.log_level, dist.rank())  # the launcher's rank, before the group
         plan = plan_run(cfg)
     except GptDsError as exc:
-        return refuse(exc)
+        return dist.refuse(exc)
     if plan.cfg.hang_timeout != 0:  # NCCL's flight recorder dumps next to the hang's stacks
         os.environ.update(flight_recorder_env(plan.cfg.out_dir, os.environ))
     dist.init()
@@ -52,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             lock, plan = claim_out_dir(plan)
             plan = verify_resume(plan)
         except GptDsError as exc:
-            return refuse(exc)
+            return dist.refuse(exc)
         if done := finished(plan):  # a requeued job whose run had ended: nothing to train
             dist.print0(done)
             return 0
@@ -64,23 +63,6 @@ def main(argv: list[str] | None = None) -> int:
         if lock is not None:
             lock.release()
         dist.shutdown()
-
-
-# How long a rank that leaves the message to its node's local rank 0 waits before it exits.
-# DeepSpeed's launcher polls its ranks about once a second and SIGKILLs the rest when one exits
-# non-zero: a rank exiting at once could kill a slower-starting local rank 0 before it printed.
-# Local rank 0's own exit ends the launch; the wait only matters where that never happens.
-REFUSAL_WAIT_S = 20.0
-
-
-def refuse(exc: GptDsError) -> int:
-    """Exit 2 for a problem found identically on every rank, before any process group exists:
-    each node's local rank 0 says it; the other ranks wait for it to, then exit too."""
-    if dist.local_rank() == 0:
-        logs.whole_line(f"error: {exc}", sys.stderr)
-    elif dist.world_size() > 1:
-        time.sleep(REFUSAL_WAIT_S)
-    return 2
 
 
 def exit_now(code: int) -> None:

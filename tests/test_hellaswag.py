@@ -162,13 +162,21 @@ def test_the_eval_command_scores_an_export_on_two_ranks_as_transformers(exported
     assert proc.stdout.count("hellaswag acc_norm") == 1  # said by rank 0 only
 
 
-def test_the_eval_command_refuses_a_malformed_file_before_loading_a_model(tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_eval_command_refuses_a_malformed_file_before_loading_a_model(ranks, tmp_path):
+    """Said once, whatever the ranks (each finds it: only the node's local rank 0 says it)."""
     bad = tmp_path / "val.jsonl"
     bad.write_text("{}\n")
-    proc = run_python(
-        [str(EVAL), "--model", str(tmp_path / "absent"), "--hellaswag", str(bad)], check=False
-    )
+    args = ["--model", str(tmp_path / "absent"), "--hellaswag", str(bad)]
+    if ranks == 1:
+        proc = run_python([str(EVAL), *args], check=False)
+    else:
+        module = ["--module"]
+        proc = run_deepspeed(
+            args, script="gpt_ds.commands.evaluate", extra_launcher_args=module, check=False
+        )
     assert proc.returncode == 2 and "line 1:" in proc.stderr and str(bad) in proc.stderr
+    assert proc.stderr.count("error:") == 1, proc.stderr
     assert "absent" not in proc.stderr  # the model was never looked at
 
 

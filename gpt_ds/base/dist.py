@@ -15,6 +15,7 @@ import os
 import re
 import socket
 import sys
+import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
@@ -259,6 +260,23 @@ def world_size() -> int:
 
 def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", 0))
+
+
+# How long a rank that leaves the message to its node's local rank 0 waits before it exits.
+# DeepSpeed's launcher polls its ranks about once a second and SIGKILLs the rest when one exits
+# non-zero: a rank exiting at once could kill a slower-starting local rank 0 before it printed.
+# Local rank 0's own exit ends the launch; the wait only matters where that never happens.
+REFUSAL_WAIT_S = 20.0
+
+
+def refuse(exc: GptDsError) -> int:
+    """Exit 2 for a problem every rank finds alike (a flag, a file): each node's local rank 0
+    says it once; the other ranks wait for it to, then exit too."""
+    if local_rank() == 0:
+        logs.whole_line(f"error: {exc}", sys.stderr)
+    elif world_size() > 1:
+        time.sleep(REFUSAL_WAIT_S)
+    return 2
 
 
 def local_world_size() -> int:

@@ -44,17 +44,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def evaluate(opts: EvalOptions) -> int:
-    """Read and check the file first (a malformed line costs no model load), then score."""
+    """Read and check the file first (a malformed line costs no model load), then score. A
+    bad file or model is found alike on every rank: said once per node (dist.refuse)."""
     from gpt_ds.base import dist
+    from gpt_ds.base.errors import GptDsError
     from gpt_ds.data.hellaswag import read_hellaswag
 
     dist.adopt_launcher_world()  # mpirun/srun ranks: RANK, WORLD_SIZE before the group
-    examples = read_hellaswag(opts.hellaswag)
+    try:
+        examples = read_hellaswag(opts.hellaswag)
+    except GptDsError as exc:
+        return dist.refuse(exc)
     launched = dist.world_size() > 1
     if launched:
         dist.init()
     try:
         return _score(opts, examples)
+    except GptDsError as exc:
+        return dist.refuse(exc)
     finally:
         if launched:
             dist.shutdown()
