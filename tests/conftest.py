@@ -98,13 +98,16 @@ def runs(shakespeare_dir, tmp_path_factory):
 
 @pytest.fixture
 def launch(tmp_path):
-    """`launch(args, name, num_gpus=2, runner=False)` starts a run; whatever is left is killed
-    afterwards. `runner=True` starts `deepspeed` itself, for the tests of what the runner does
-    (signals to it); otherwise DeepSpeed's per-node launcher, as the runner would."""
+    """`launch(args, name, num_gpus=2, runner=False, lean=False)` starts a run; whatever is left
+    is killed afterwards. `runner=True` starts `deepspeed` itself, for the tests of what the
+    runner does (signals to it); otherwise DeepSpeed's per-node launcher, as the runner would,
+    or with `lean` the suite's (a run that is to finish: support.faults.Launch)."""
     started: list[Launch] = []
 
-    def start(args: list[str], name: str, num_gpus: int = 2, runner: bool = False) -> Launch:
-        run = Launch(args, tmp_path / f"{name}.log", num_gpus, runner)
+    def start(
+        args: list[str], name: str, num_gpus: int = 2, runner: bool = False, lean: bool = False
+    ) -> Launch:
+        run = Launch(args, tmp_path / f"{name}.log", num_gpus, runner, lean)
         started.append(run)
         return run
 

@@ -160,7 +160,7 @@ class References:
         if name not in self.done:
             overrides = {**SMALL, **SCHEDULE, "eval_iters": 2, **self.SPECS[name]}
             ref = Reference(overrides, self.data_dir, self.root / name)
-            run = Launch(ref.args(ref.out), self.root / f"{name}.log", runner=False)
+            run = Launch(ref.args(ref.out), self.root / f"{name}.log", runner=False, lean=True)
             try:
                 run.finish_ok()
             finally:
@@ -192,7 +192,7 @@ def test_resume_is_exact(name, refs, launch, tmp_path):
     ref = refs.get(name)
     out = tmp_path / "resumed"
     copy_checkpoint(ref.out, "iter_4", out)
-    run = launch(ref.args(out, resume=True), "resume").finish_ok()
+    run = launch(ref.args(out, resume=True), "resume", lean=True).finish_ok()
     assert f"resumed from {out}/iter_4 at iteration 4" in run.output
     got = train_losses(out)
     assert sorted(got) == [5, 6, 7, 8]
@@ -234,7 +234,7 @@ def test_sigkill_a_rank_mid_training_then_resume(refs, launch, tmp_path):
     assert run.shm() == run.shm_of([1])
     run.cleanup()
 
-    resumed = launch(ref.args(out, resume=True), "resume").finish_ok()
+    resumed = launch(ref.args(out, resume=True), "resume", lean=True).finish_ok()
     assert f"resumed from {out}/iter_{saved[-1]} at iteration {saved[-1]}" in resumed.output
     assert train_losses(out) == ref.losses
     assert_same_weights(ref.out, out)
@@ -291,7 +291,7 @@ def test_sigkill_mid_save_keeps_the_previous_checkpoint(victims, shakespeare_dir
 
     assert partial.is_dir()
     args = tiny_run_args(shakespeare_dir, out, **{**common, "max_iters": 6}, resume=True)
-    resumed = launch(args, "resume").finish_ok()
+    resumed = launch(args, "resume", lean=True).finish_ok()
     assert f"ignoring incomplete checkpoint directory {partial} (no manifest)" in resumed.output
     assert f"resumed from {out}/iter_2 at iteration 2" in resumed.output
     again = train_losses(out)
@@ -375,7 +375,7 @@ def test_sigterm_to_the_deepspeed_command_stops_the_orphaned_ranks(refs, launch,
     assert first.shm() == []
     assert f"--resume auto: no checkpoint in {out}: starting the run" in first.output
 
-    resumed = launch(job, "requeued").finish_ok()
+    resumed = launch(job, "requeued", lean=True).finish_ok()
     assert f"resumed from {out}/iter_{n} at iteration {n}" in resumed.output
     assert train_losses(out) == ref.losses
     assert_same_weights(ref.out, out)
@@ -447,7 +447,7 @@ def test_permission_error_while_saving_keeps_the_previous_checkpoint(refs, launc
     assert run.shm() == []
     assert_same_weights(ref.out, out, "iter_2")
 
-    resumed = launch(ref.args(out, resume=True), "resume").finish_ok()
+    resumed = launch(ref.args(out, resume=True), "resume", lean=True).finish_ok()
     assert f"resumed from {out}/iter_2 at iteration 2" in resumed.output
     assert train_losses(out) == ref.losses
 
@@ -563,7 +563,7 @@ def test_resume_on_another_world_size(name, refs, launch, shakespeare_dir, tmp_p
     )
     assert losses[5] == ref.losses[5]
 
-    two = launch(ref.args(out, resume=True), "to_two").finish_ok()
+    two = launch(ref.args(out, resume=True), "to_two", lean=True).finish_ok()
     assert "each step its next 8 sequences split among 2 ranks" in two.output
     assert "final was saved by 1 ranks, this run has 2: converting it" in two.output
     assert f"resumed from {out}/final_universal at iteration 6" in two.output
@@ -709,5 +709,7 @@ def test_a_stopped_rank_is_named_within_the_timeout(stopped, refs, launch, tmp_p
     if stopped == 0:
         return  # one resume is enough (rank 1's run below)
     last, tag = checkpoint_iters(out)[-1], latest(out)
-    resumed = launch(ref.args(out, resume=True, max_iters=last + 2), "resumed").finish_ok()
+    resumed = launch(
+        ref.args(out, resume=True, max_iters=last + 2), "resumed", lean=True
+    ).finish_ok()
     assert f"resumed from {out}/{tag} at iteration {last}" in resumed.output
