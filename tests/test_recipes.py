@@ -1,8 +1,9 @@
 """recipes/: each flag file is taken by `--config` as it is and planned, in the world its header
 names, by gpt_ds's own `plan_run` (model shapes from local configs, the data and outputs swapped
 for the suite's: nothing downloaded) as its source sets the run; what a header says the picker
-chooses is what it chooses; its hours follow BENCHMARKS.md; and a tiny twin of the 124M recipe
-(the same file, the model and batch shrunk on the command line) trains on 2 CPU ranks."""
+chooses is what it chooses; its hours follow BENCHMARKS.md; and tiny twins of the 124M recipe
+and of the XL fine-tune (the same files, the model and batch shrunk on the command line) train
+on 2 CPU ranks."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from helpers.files import HELLASWAG_MINI
 from support.launch import REPO, planned, run_deepspeed
 
@@ -250,6 +252,38 @@ def test_a_tiny_twin_of_the_124m_recipe_trains(shakespeare_dir, tmp_path):
     assert [r["iter"] for r in evals] == [2, 4]
     assert all(r["hellaswag_examples"] == 11 for r in evals)
     assert (out / "final" / "gpt_ds.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_tiny_twin_of_the_xl_fine_tune_trains_under_zero3(shakespeare_dir, tmp_path):
+    """The XL recipe as it is (ZeRO-3, activation checkpointing, lr 3e-5 with warm-up and
+    cosine, resume auto) from a small pretrained GPT-2 instead of `gpt2-xl`, block 64, 2 steps
+    on 2 ranks: its weights are loaded into the shards and it trains."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    pretrained = tmp_path / "pretrained"
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64)).save_pretrained(
+        pretrained
+    )
+    out = tmp_path / "twin"
+    args = [
+        "--config",
+        str(RECIPES / "gpt2_xl_finetune_4x12gb.yaml"),
+        "--init_from",
+        str(pretrained),
+    ]
+    args += ["--data_dir", str(shakespeare_dir), "--out_dir", str(out), "--block_size", "64"]
+    args += ["--micro_batch_size", "2", "--grad_accum", "1", "--max_iters", "2"]
+    args += ["--warmup_iters", "1", "--eval_interval", "0", "--eval_iters", "1"]
+    proc = run_deepspeed(args, num_gpus=2)
+    assert "2 layers, 2 heads, 64 wide, block 64" in proc.stdout, proc.stdout[-3000:]
+    assert "peak 3e-05 (--lr)" in proc.stdout
+    manifest = json.loads((out / "final" / "gpt_ds.json").read_text())
+    assert manifest["config"]["activation_checkpointing"] is True
+    assert manifest["config"]["deepspeed_config"] == "zero3"
+    train = [r for r in read_metrics(out) if r["kind"] == "train"]
+    assert train[-1]["iter"] == 2 and all(0 < r["lr"] <= 3e-5 for r in train)
 
 
 def test_the_124m_recipes_hours_follow_the_measured_throughput():
