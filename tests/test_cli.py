@@ -9,7 +9,7 @@ import pytest
 
 from gpt_ds.base.cli import build_parser, option, parse, run_tool
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.run.config import RunConfig, parse_args
+from gpt_ds.run.config import RECIPE_DIR, RunConfig, config_file, parse_args
 
 
 @dataclass(kw_only=True)
@@ -86,6 +86,23 @@ def test_a_switch_a_flag_file_turned_on_is_turned_off_by_no_name(tmp_path):
     with pytest.raises(SystemExit):  # a choice of a group, and a negation, get no --no_
         parse(Options, ["o", "--rate", "1", "--local", "--no_local"])
     assert "--no_quiet" not in build_parser(Options).format_help()
+
+
+def test_config_names_a_recipe_from_any_directory(tmp_path, monkeypatch):
+    """`--config recipes/NAME.yaml` (the docs' form) or `--config NAME` where no such file is
+    here: the shipped recipe; anything else missing is refused naming the recipes."""
+    monkeypatch.chdir(tmp_path)
+    name = "gpt2_124m_fineweb_edu_10b"
+    for given in (f"recipes/{name}.yaml", name, f"{name}.yaml"):
+        assert config_file(given) == RECIPE_DIR / f"{name}.yaml", given
+        assert parse_args(["--config", given]).model == "gpt2"
+    own = tmp_path / "recipes" / f"{name}.yaml"  # a file of that path here wins
+    own.parent.mkdir()
+    own.write_text("model: gpt2-tiny\n")
+    assert parse_args(["--config", f"recipes/{name}.yaml"]).model == "gpt2-tiny"
+    with pytest.raises(ConfigError) as refused:
+        config_file("gpt2_125m")
+    assert "gpt2_125m" in str(refused.value) and name in str(refused.value)
 
 
 def test_run_config_cli_accepts_the_launchers_local_rank():

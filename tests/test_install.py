@@ -122,6 +122,13 @@ def test_installed_package_is_complete_and_not_the_checkout(installed):
         p.name for p in (source / "ds_configs").iterdir()
     )
     assert py_files(package) == py_files(source / "gpt_ds"), "the wheel lacks modules of gpt_ds/"
+    recipes = sorted(p.name for p in (source / "recipes").glob("*.yaml"))
+    assert sorted(p.name for p in (package / "recipes").iterdir()) == recipes
+    code = (  # the README's --config recipes/NAME.yaml, from a directory without recipes/
+        "from gpt_ds.run.config import parse_args; "
+        f"print(parse_args(['--config', 'recipes/{recipes[0]}']).out_dir)"
+    )
+    assert run_checked([python, "-c", code], work, env).strip().startswith("out/")
     for name in SCRIPTS:
         script = venv / "bin" / name
         assert script.read_text().startswith(f"#!{python}"), name

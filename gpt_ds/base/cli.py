@@ -23,7 +23,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
@@ -42,6 +42,16 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 def in_checkout() -> bool:
     """This package is the `gpt_ds/` folder of a source checkout (not site-packages)."""
     return (CHECKOUT / "pyproject.toml").is_file() and (CHECKOUT / "tools").is_dir()
+
+
+def shipped_dir(folder: str) -> Path:
+    """A folder shipped with the code (ds_configs/, recipes/): installed, gpt_ds/`folder`/
+    (pyproject.toml maps the top-level folder there); in a source checkout or an editable
+    install, the top-level `folder`/."""
+    packaged = resources.files("gpt_ds") / folder
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    return CHECKOUT / folder
 
 
 # tools/ scripts not named like their gpt_ds/commands/ module: {command module: script}

@@ -10,25 +10,16 @@ import difflib
 import json
 import re
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
+from gpt_ds.base.cli import shipped_dir
 from gpt_ds.base.errors import ConfigError
 
-
-def _preset_dir() -> Path:
-    """The presets and schema: installed, gpt_ds/ds_configs/ (pyproject maps the top-level
-    ds_configs/ there); in a source checkout or an editable install, the top-level ds_configs/."""
-    packaged = resources.files("gpt_ds") / "ds_configs"
-    if isinstance(packaged, Path) and (packaged / "schema.json").is_file():
-        return packaged
-    return Path(__file__).resolve().parents[2] / "ds_configs"
-
-
-PRESET_DIR = _preset_dir()
+# installed: gpt_ds/ds_configs/ (pyproject maps the top-level ds_configs/ there)
+PRESET_DIR = shipped_dir("ds_configs")
 SCHEMA_PATH = PRESET_DIR / "schema.json"
 PRESETS = ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
 _JSON_EXAMPLE = f"a DeepSpeed config is one JSON object, e.g. {PRESET_DIR / 'zero2.json'}"

@@ -48,8 +48,9 @@ class RunConfig:
 
     config: str | None = option(
         None,
-        'A JSON or YAML file of these flags ({"model": "gpt2", ...}), or a checkpoint\'s '
-        "gpt_ds.json to replay its run; flags on the command line override it.",
+        'A JSON or YAML file of these flags ({"model": "gpt2", ...}), a recipe of recipes/ by '
+        "name, or a checkpoint's gpt_ds.json to replay its run; flags on the command line "
+        "override it.",
     )
     # --- DeepSpeed and model
     deepspeed_config: str = option(
@@ -281,6 +282,27 @@ def build_parser():
     return cli.build_parser(RunConfig)
 
 
+RECIPE_DIR = cli.shipped_dir("recipes")  # installed: gpt_ds/recipes/ (pyproject.toml)
+
+
+def config_file(value: str) -> Path:
+    """`--config`'s file: the path as given where it exists; else a recipe, by its name or in
+    the form the docs write it (`recipes/NAME.yaml`, relative to a checkout), so the documented
+    commands also work with an installed package, from any directory."""
+    path = Path(value)
+    if path.exists():
+        return path
+    if path.parent in (Path("."), Path("recipes")):
+        for name in (path.name, f"{path.name}.yaml"):
+            if (RECIPE_DIR / name).is_file():
+                return RECIPE_DIR / name
+    recipes = ", ".join(sorted(p.stem for p in RECIPE_DIR.glob("*.yaml")))
+    raise ConfigError(
+        [f"no such file, and no recipe of that name (recipes: {recipes or 'none installed'})"],
+        source=value,
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> RunConfig:
     """The run's flags: `--config FILE`'s values (flag_file.py), then the command line's."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -288,7 +310,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     known, _ = pre.parse_known_args(argv)
     defaults = None
     if known.config:
-        defaults = load_flag_file(known.config, RunConfig, replayed=replayed_flags)
+        defaults = load_flag_file(config_file(known.config), RunConfig, replayed=replayed_flags)
     return cli.parse(RunConfig, argv, defaults=defaults)
 
 
