@@ -94,6 +94,13 @@ def chosen_candidate(picked_json: dict) -> dict:
     )
 
 
+def memory_of_choice(picked_json: dict) -> tuple[float, float]:
+    """(GiB the picker's choice holds per GPU, GiB usable per GPU), as the picker prints them."""
+    usable = re.search(r"= ([\d.]+) GiB usable", " ".join(picked_json["assumptions"]))
+    assert usable, picked_json["assumptions"]
+    return chosen_candidate(picked_json)["total_at_micro_batch"] / 2**30, float(usable[1])
+
+
 def measured_mfu() -> float:
     """gpt_ds's MFU on one H200 (defaults row), as BENCHMARKS.md has it."""
     row = re.search(
@@ -164,11 +171,9 @@ def test_each_recipe_is_what_the_picker_recommends(name, capsys):
         given["micro_batch_size"],
         given["grad_accum"],
     )
-    usable = re.search(r"= ([\d.]+) GiB usable", " ".join(result["assumptions"]))
-    assert usable, result["assumptions"]
-    total = chosen_candidate(result)["total_at_micro_batch"] / 2**30
+    total, usable = memory_of_choice(result)
     stage = int(given["deepspeed_config"].removeprefix("zero"))
-    assert f"{total:.1f} of {float(usable[1]):.1f} GiB usable per GPU under ZeRO-{stage}" in said
+    assert f"{total:.1f} of {usable:.1f} GiB usable per GPU under ZeRO-{stage}" in said
 
 
 def test_the_xl_recipes_larger_gpu_line_is_what_the_picker_recommends_there(capsys):
@@ -179,7 +184,8 @@ def test_the_xl_recipes_larger_gpu_line_is_what_the_picker_recommends_there(caps
     said = header(recipe)
     found = re.search(r"on 4 x 32 GB (gpt-ds-pick-preset .*?) recommends .*?`(--[^`]*)`", said)
     assert found, said
-    choice = picked(found[1], capsys)["recommendation"]
+    result = picked(found[1], capsys)
+    choice = result["recommendation"]
     cfg = parse_args(["--config", str(recipe), *shlex.split(found[2])])
     assert f"ds_configs/{cfg.deepspeed_config}.json" == choice["preset"]
     assert (cfg.micro_batch_size, cfg.grad_accum) == (
@@ -188,10 +194,8 @@ def test_the_xl_recipes_larger_gpu_line_is_what_the_picker_recommends_there(caps
     )
     assert cfg.activation_checkpointing == choice["activation_checkpointing"] is False
     memory_md = (REPO / "docs" / "memory.md").read_text()  # the same choice, in its figures
-    result = picked(found[1], capsys)
-    usable = re.search(r"= ([\d.]+) GiB usable", " ".join(result["assumptions"]))[1]
-    total = chosen_candidate(result)["total_at_micro_batch"] / 2**30
-    assert f"({total:.2f} of {float(usable):.2f} GiB usable)" in memory_md
+    total, usable = memory_of_choice(result)
+    assert f"({total:.2f} of {usable:.2f} GiB usable)" in memory_md
     assert found[2] in " ".join(memory_md.split())
 
 
