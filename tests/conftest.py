@@ -24,6 +24,7 @@ from support.launch import (  # noqa: E402
     run_deepspeed,
     run_python,
     tiny_run_args,
+    zygote,
 )
 
 
@@ -54,6 +55,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rank_zygote(tmp_path_factory):
+    """One process that imported a rank's modules, forking the ranks of every lean launch
+    (support.launch.zygote); tests/test_node_launcher.py holds its ranks to DeepSpeed's."""
+    with zygote(tmp_path_factory.mktemp("zygote")):
+        yield
 
 
 @pytest.fixture(scope="session")

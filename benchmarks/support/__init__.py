@@ -5,6 +5,8 @@
   the world that launch gives it).
 - `node_launcher`: a script, DeepSpeed's per-node launcher without its start-up, that the
   tests' launches run (tests/test_node_launcher.py holds it to DeepSpeed's).
+- `zygote`: a script, a process that imported what a rank imports and forks the ranks of the
+  suite's lean launches and its `run_python` scripts (conftest starts one a session).
 - `runs`: what a run left behind: losses by iteration, consolidated weights.
 - `faults`: a run in the background that a test or the fault drill can kill, signal and watch.
 - `workspace`: a benchmark's scratch directory and the Tiny Shakespeare data in it.

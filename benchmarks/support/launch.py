@@ -13,15 +13,21 @@ import base64
 import contextlib
 import json
 import os
+import selectors
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from support.zygote import ZYGOTE_ENV, Forked, serving
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "gpt_ds" / "train.py"
 NODE_LAUNCHER = Path(__file__).with_name("node_launcher.py")
+ZYGOTE = Path(__file__).with_name("zygote.py")
 VENV_BIN = Path(sys.executable).parent
 # --max_iters of conftest's `stage_run`: one run per ZeRO stage per session
 STAGE_RUN_ITERS = 24
@@ -74,6 +80,33 @@ def _launcher_env(ranks: int) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def zygote(folder: Path) -> Iterator[None]:
+    """A support/zygote.py for this process's launches, while the context lasts: their lean
+    node launchers (`node_launch(..., lean=True)`) have it fork their ranks from one process
+    that imported a rank's modules once, instead of each rank importing them (~6 s a launch).
+    Started in the background: it imports while the first tests run."""
+    socket_path = folder / "zygote.sock"
+    env = checkout_first(launch_env())
+    log = (folder / "zygote.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-u", str(ZYGOTE), str(socket_path)],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    os.environ[ZYGOTE_ENV] = str(socket_path)
+    try:
+        yield
+    finally:
+        del os.environ[ZYGOTE_ENV]
+        server.kill()
+        server.wait()
+        log.close()
 
 
 def shm_buffers(master_addr: str, port: int) -> list[Path]:
@@ -169,8 +202,13 @@ def node_launch(
         str(script),
         *args,
     ]
+    return cmd, checkout_first(env)
+
+
+def checkout_first(env: dict[str, str]) -> dict[str, str]:
+    """`env` with this checkout first on PYTHONPATH: a launched process imports its gpt_ds."""
     path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return cmd, {**env, "PYTHONPATH": path}
+    return {**env, "PYTHONPATH": path}
 
 
 def run_python(
@@ -179,21 +217,62 @@ def run_python(
     check: bool = True,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """`python args...` in the repo with the test environment; output captured."""
-    proc = subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        env=env or launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`python args...` in the repo with the test environment; output captured. A script
+    (not `-c`/`-m`) is forked by the suite's zygote where one serves (`zygote`), with this
+    checkout first on PYTHONPATH as a launch's ranks have it."""
+    env = env or launch_env()
+    with_repo = checkout_first(env)
+    path = serving(with_repo, sys.executable)
+    if path is not None and not str(args[0]).startswith("-"):
+        proc = run_forked(path, [str(a) for a in args], with_repo, timeout)
+    else:
+        proc = subprocess.run(
+            [sys.executable, *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"command failed (rc={proc.returncode}): python {' '.join(args)}\n"
+            f"command failed (rc={proc.returncode}): python {' '.join(map(str, args))}\n"
             f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def run_forked(
+    path: str, args: list[str], env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess:
+    """`subprocess.run([python, *args], capture_output=True, text=True)` with the process
+    forked by the zygote at `path`: its stdin /dev/null, stdout and stderr read to their end."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    with open(os.devnull) as null:
+        proc = Forked(path, args, env, str(REPO), fds=(null.fileno(), out_w, err_w))
+    os.close(out_w)
+    os.close(err_w)
+    read = {out_r: bytearray(), err_r: bytearray()}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        for fd in read:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise subprocess.TimeoutExpired([sys.executable, *args], timeout)
+            for key, _ in sel.select(left):
+                chunk = os.read(key.fd, 1 << 16)
+                if chunk:
+                    read[key.fd] += chunk
+                else:
+                    sel.unregister(key.fd)
+                    os.close(key.fd)
+    out, err = (bytes(read[fd]).decode(errors="replace") for fd in (out_r, err_r))
+    return subprocess.CompletedProcess([sys.executable, *args], proc.wait(), out, err)
 
 
 def run_checked(cmd: list, cwd: Path, env: dict[str, str], timeout: float = 300) -> str:

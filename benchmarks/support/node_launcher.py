@@ -19,11 +19,13 @@ import base64
 import contextlib
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
 
 import psutil
+from zygote import Forked, serving  # a sibling script's: this one runs as a script too
 
 # How long the ranks get after SIGTERM before SIGKILL (launch.py's terminate_process_tree).
 TERMINATE_WAIT_S = 30
@@ -68,6 +70,15 @@ def rank_commands(args: argparse.Namespace) -> list[tuple[list[str], dict[str, s
     return commands
 
 
+def start_ranks(commands: list[tuple[list[str], dict[str, str]]]) -> list:
+    """Popen each rank, or have the suite's zygote fork it where one serves this launcher's
+    environment (each rank's extends it with the rank's world)."""
+    path = serving(dict(os.environ), sys.executable)
+    if path is None:
+        return [subprocess.Popen(cmd, env=env) for cmd, env in commands]
+    return [Forked(path, cmd[2:], env, os.getcwd()) for cmd, env in commands]
+
+
 def terminate(ranks: list[subprocess.Popen]) -> None:
     """SIGTERM every rank and what it started, SIGKILL what is left after TERMINATE_WAIT_S."""
     procs: list[psutil.Process] = []
@@ -88,7 +99,7 @@ def terminate(ranks: list[subprocess.Popen]) -> None:
 def main(argv: list[str]) -> int:
     """Start the node's ranks; 0 once all exit 0, else the first failing rank's status (the
     others terminated); a SIGINT/SIGTERM here terminates the ranks and exits 1, as launch.py."""
-    ranks = [subprocess.Popen(cmd, env=env) for cmd, env in rank_commands(parse_args(argv))]
+    ranks = start_ranks(rank_commands(parse_args(argv)))
 
     def on_signal(signum: int, frame: object) -> None:
         terminate(ranks)
@@ -96,17 +107,31 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    by_pid = {rank.pid: rank for rank in ranks}
-    while by_pid:
-        pid, status = os.wait()
-        rank = by_pid.pop(pid, None)
-        if rank is None:
-            continue
-        rank.returncode = os.waitstatus_to_exitcode(status)
+    running = list(ranks)
+    while running:
+        rank = next_exit(running)
+        running.remove(rank)
         if rank.returncode != 0:
             terminate(ranks)
             return rank.returncode
     return 0
+
+
+def next_exit(running: list) -> subprocess.Popen | Forked:
+    """The next of `running` to exit, its returncode set."""
+    if isinstance(running[0], Forked):
+        with selectors.DefaultSelector() as sel:
+            for rank in running:
+                sel.register(rank.conn, selectors.EVENT_READ, rank)
+            rank = sel.select()[0][0].data
+        rank.wait()
+        return rank
+    by_pid = {rank.pid: rank for rank in running}
+    while True:
+        pid, status = os.wait()
+        if pid in by_pid:
+            by_pid[pid].returncode = os.waitstatus_to_exitcode(status)
+            return by_pid[pid]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,232 @@
+"""A process that has imported what a training rank imports, and forks ranks from it.
+
+A rank of the suite's tiny runs spends about 5 of its 8 seconds importing torch, DeepSpeed
+(whose ZeRO start-up imports Muon, and with it dynamo and inductor), transformers' GPT-2 and
+gpt_ds. The suite launches hundreds of runs; this server imports all of that once and forks
+each rank from itself, so a rank starts in milliseconds. The ranks are still separate processes
+with their own process group, environment, arguments and standard streams, run from the
+script's first line as `python -u script args` would.
+
+support/node_launcher.py asks it for ranks when GPT_DS_TEST_ZYGOTE names its socket (the
+suite's conftest starts one per session) and the launch's environment matches the one this
+process imported under (`import_env`); otherwise it starts the ranks as DeepSpeed does.
+
+Protocol, one connection per rank: the client sends one JSON line
+`{"argv": [...], "env": {...}, "cwd": "...", "module": bool}` with its stdin, stdout and stderr
+attached (SCM_RIGHTS); the server answers `{"pid": N}` once forked and `{"status": S}` (the
+exit status as `subprocess` gives it) when the rank is gone. A connection that closes early
+(its launcher was killed) takes its rank with it (SIGKILL).
+
+Run as `python -u zygote.py SOCKET`; it must not start a thread before it forks (nothing it
+imports does: checked at start-up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+# What a rank of gpt_ds/train.py imports, whole (its lazy imports included).
+PRELOAD = (
+    "gpt_ds.train",
+    "gpt_ds.training.trainer",
+    "gpt_ds.model.training_model",
+    "gpt_ds.model.zero3",
+    "deepspeed",
+    "deepspeed.runtime.zero.muon.muon_optimizer",
+    "transformers.models.gpt2.modeling_gpt2",
+)
+# The variable that names a zygote's socket to the processes that may ask it for ranks.
+ZYGOTE_ENV = "GPT_DS_TEST_ZYGOTE"
+# Variables read while those modules are imported: a launch that sets them otherwise gets
+# fresh ranks (node_launcher.py compares them).
+IMPORT_ENV_PREFIXES = ("PYTHON", "DS_", "DEEPSPEED", "TORCH", "PYTORCH", "TRANSFORMERS", "HF_")
+
+
+def import_env(env: dict[str, str]) -> dict[str, str]:
+    """The part of `env` that decides what the preloaded modules did on import."""
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)}
+
+
+def preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if threading.active_count() != 1:
+        raise RuntimeError(f"threads after the imports: {threading.enumerate()}: forks unsafe")
+
+
+def run_rank(request: dict, fds: list[int]) -> None:
+    """In the forked child: become `python -u script args` in the request's world; never
+    returns (os._exit with what the script exits with, as the interpreter would)."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads:  # OpenMP read it when torch loaded: apply the rank's own
+        import torch
+
+        torch.set_num_threads(int(threads))
+    target, *args = request["argv"]
+    code = 0
+    try:
+        if request["module"]:
+            sys.argv = [target, *args]
+            sys.path[0] = request["cwd"]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [target, *args]
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        code = exit_code(exc)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def exit_code(exc: SystemExit) -> int:
+    """What `python script` exits with for this SystemExit (a message is printed, status 1)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+class Server:
+    """Accepts requests, forks ranks, reports their exits; single-threaded (it forks)."""
+
+    def __init__(self, path: str):
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.rank_of: dict[socket.socket, int] = {}
+        self.conn_of: dict[int, socket.socket] = {}
+
+    def serve(self) -> None:
+        while True:
+            for key, _ in self.selector.select(timeout=0.02):
+                if key.fileobj is self.listener:
+                    self.accept()
+                else:
+                    self.client_closed(key.fileobj)
+            self.reap()
+
+    def accept(self) -> None:
+        conn, _ = self.listener.accept()
+        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        while not message.endswith(b"\n"):
+            more = conn.recv(1 << 20)
+            if not more:
+                break
+            message += more
+        request = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            self.selector.close()
+            self.listener.close()
+            for other in self.rank_of:
+                other.close()
+            conn.close()
+            run_rank(request, fds)
+        for fd in fds:
+            os.close(fd)
+        self.rank_of[conn] = pid
+        self.conn_of[pid] = conn
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        self.selector.register(conn, selectors.EVENT_READ)
+
+    def client_closed(self, conn: socket.socket) -> None:
+        """The launcher hung up (or wrote, which it does not): its rank goes too."""
+        pid = self.rank_of.pop(conn)
+        self.selector.unregister(conn)
+        conn.close()
+        if pid in self.conn_of:
+            del self.conn_of[pid]
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+    def reap(self) -> None:
+        while self.conn_of:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+            conn = self.conn_of.pop(pid, None)
+            if conn is None:
+                continue
+            self.rank_of.pop(conn, None)
+            self.selector.unregister(conn)
+            reply = {"status": os.waitstatus_to_exitcode(status)}
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                conn.sendall(json.dumps(reply).encode() + b"\n")  # unless its launcher is gone
+            conn.close()
+
+
+class Forked:
+    """A process the zygote at `path` forked to run `python -u ARGV` (`-m NAME args` or
+    `SCRIPT args`) in `env` and `cwd`, its standard streams `fds` (this process's by default):
+    what a launcher uses of a Popen (pid, returncode, wait)."""
+
+    def __init__(self, path: str, argv: list[str], env: dict[str, str], cwd: str, fds=(0, 1, 2)):
+        self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.conn.connect(path)
+        module = argv[0] == "-m"
+        request = {"argv": argv[module:], "env": env, "cwd": cwd, "module": module}
+        socket.send_fds(self.conn, [json.dumps(request).encode() + b"\n"], list(fds))
+        self.replies = self.conn.makefile("r")
+        self.pid: int = json.loads(self.replies.readline())["pid"]
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        line = self.replies.readline()
+        # no reply: the zygote itself died; say so as a killed process would
+        self.returncode = json.loads(line)["status"] if line else -signal.SIGKILL
+        self.conn.close()
+        return self.returncode
+
+
+def serving(env: dict[str, str], python: str) -> str | None:
+    """The socket of the zygote that `env` names (ZYGOTE_ENV) if it can serve a process of
+    `python` in `env`: it runs that Python and imported under the same `import_env`."""
+    path = env.get(ZYGOTE_ENV)
+    if not path or not os.path.exists(path + ".env"):
+        return None
+    with open(path + ".env") as f:
+        served = json.load(f)
+    if served["python"] != python or served["env"] != import_env(env):
+        return None
+    return path
+
+
+def main(path: str) -> None:
+    server = Server(path)  # listening before the imports: launchers queue meanwhile
+    with open(path + ".env", "w") as f:  # what `serving` checks before a launcher asks
+        json.dump({"python": sys.executable, "env": import_env(dict(os.environ))}, f)
+    preload()
+    server.serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
