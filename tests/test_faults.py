@@ -394,7 +394,7 @@ def test_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(refs, launch,
         pytest.skip(f"cannot mount a size-limited tmpfs here: {why}")
     try:
         out = disk / "out"
-        run = launch(ref.args(out), "full")
+        run = launch(ref.args(out), "full", lean=True)
         rc = run.finish()
         assert rc == 2, rc  # the ranks' own exit code for a gpt_ds error
         text = run.output
@@ -426,7 +426,7 @@ def test_permission_error_while_saving_keeps_the_previous_checkpoint(refs, launc
     ref = refs.get("zero2")
     out = tmp_path / "run"
     out.mkdir()
-    run = launch(ref.args(out), "eperm")
+    run = launch(ref.args(out), "eperm", lean=True)
     run.wait_for(lambda: 2 in checkpoint_iters(out), "the checkpoint at iteration 2")
     why = _chattr("+i", out)
     if why:
@@ -466,7 +466,7 @@ def test_read_only_out_dir_fails_before_training(shakespeare_dir, launch, tmp_pa
         if why:
             pytest.skip(f"cannot remount read-only here: {why}")
         out = ro / "out"
-        run = launch(tiny_run_args(shakespeare_dir, out, **SMALL), "ro", num_gpus=1)
+        run = launch(tiny_run_args(shakespeare_dir, out, **SMALL), "ro", num_gpus=1, lean=True)
         assert run.finish() == 2
         assert f"error: --out_dir {out}: not writable (Read-only file system)" in run.output
         assert "rank 0/1" not in run.output  # failed before the process group and the model
@@ -499,7 +499,7 @@ def test_non_finite_training_stops_without_saving(
         shakespeare_dir, out, **SMALL, **SCHEDULE, eval_iters=2, lr=lr, precision=precision,
         log_interval=3,
     )  # fmt: skip
-    run = launch(args, "nan", num_gpus=ranks)
+    run = launch(args, "nan", num_gpus=ranks, lean=True)
     assert run.finish() == 2
     pattern = (
         rf"error: {what} at iteration (\d+); stopping without saving "
@@ -530,7 +530,7 @@ def test_resume_on_another_world_size(name, refs, launch, shakespeare_dir, tmp_p
     out = tmp_path / "resized"
     copy_checkpoint(ref.out, "iter_4", out)
 
-    refused = launch(ref.args(out, resume=True, max_iters=6), "refused", num_gpus=1)
+    refused = launch(ref.args(out, resume=True, max_iters=6), "refused", num_gpus=1, lean=True)
     assert refused.finish() == 2
     assert (
         "error: resuming iter_4 changes the batch: world size 2 -> 1\n"
@@ -543,7 +543,9 @@ def test_resume_on_another_world_size(name, refs, launch, shakespeare_dir, tmp_p
     ) in refused.output, refused.tail()
     assert sorted(p.name for p in out.iterdir()) == ["iter_4", "latest"]  # nothing written
 
-    one = launch(ref.args(out, resume=True, max_iters=6, grad_accum=2), "to_one", num_gpus=1)
+    one = launch(
+        ref.args(out, resume=True, max_iters=6, grad_accum=2), "to_one", num_gpus=1, lean=True
+    )
     one.finish_ok()
     assert (
         "resuming iter_4 changes the batch: world size 2 -> 1, gradient accumulation 1 -> 2"
@@ -633,7 +635,7 @@ def test_universal_checkpoint_tool(refs, launch, tmp_path):
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
     args = ref.args(out, resume="iter_4_universal", max_iters=6, grad_accum=2)
-    refused = launch(args, "damaged_universal", num_gpus=1)
+    refused = launch(args, "damaged_universal", num_gpus=1, lean=True)
     assert refused.finish() == 2, refused.tail()
     assert f"{largest} differs from its recorded sha256 checksum" in refused.output
     assert "verified" not in refused.output

@@ -105,7 +105,7 @@ def test_a_second_launch_into_the_same_out_dir_is_refused(shakespeare_dir, launc
     a.wait_for(lambda: (out / LOCK_NAME).exists(), "run A's lock")
     holder = LockOwner.read(out / LOCK_NAME)
     assert holder.pid == a.rank(0).pid
-    b = launch([*args, "--seed", "7"], "b")
+    b = launch([*args, "--seed", "7"], "b", lean=True)
     assert b.finish(timeout=120) == 2, b.tail()
     assert a.proc.poll() is None, "run A ended before run B was refused"
     assert f"error: --out_dir {out} is in use by {holder.describe()}" in b.output
@@ -132,7 +132,8 @@ def test_a_killed_runs_lock_does_not_block_the_next_run(shakespeare_dir, launch,
     for left in out.iterdir():  # what A wrote before it died: a new run is refused beside it
         if left.name != LOCK_NAME:
             shutil.rmtree(left) if left.is_dir() else left.unlink()
-    b = launch([*args, "--max_iters", "2", "--warmup_iters", "1"], "b", num_gpus=1).finish_ok()
+    b = launch([*args, "--max_iters", "2", "--warmup_iters", "1"], "b", num_gpus=1, lean=True)
+    b.finish_ok()
     assert "out dir: removing the stale lock of run " in b.output
     assert f"pid {pid} is not running" in b.output
     assert not (out / LOCK_NAME).exists()

@@ -71,11 +71,14 @@ def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
     data, hf = tmp_path / "data", tmp_path / "hf"
     run_checked([venv / "bin" / "gpt-ds-prepare", "--out_dir", data], REPO, env)
 
-    def train(out: Path, **flags) -> str:
+    def train(out: Path, runner: bool = False, **flags) -> str:
+        """One rank: `deepspeed --num_gpus 1` once (the runner at its floor), else plain
+        `python train.py` (the same trainer, without the runner's and launcher's start-up)."""
         args = tiny_run_args(data, out, eval_interval=0, eval_iters=1, warmup_iters=0, **flags)
-        return run_checked([deepspeed, "--num_gpus", "1", TRAIN, *args], REPO, env)
+        start = [deepspeed, "--num_gpus", "1"] if runner else [python]
+        return run_checked([*start, TRAIN, *args], REPO, env)
 
-    train(tmp_path / "zero1", deepspeed_config="ds_configs/zero1.json", max_iters=2)
+    train(tmp_path / "zero1", runner=True, deepspeed_config="ds_configs/zero1.json", max_iters=2)
     # a fresh ZeRO-3 build at the floor gets GPT-2's init: one step at lr 1e-30 keeps it, and
     # the residual projections' std is 0.02/sqrt(2 x 4 layers) (transformers < 5.23: 0.02)
     train(tmp_path / "zero3", deepspeed_config="ds_configs/zero3.json", max_iters=1, lr=1e-30)

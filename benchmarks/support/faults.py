@@ -23,11 +23,14 @@ from support.launch import (
     REPO,
     TRAIN,
     VENV_BIN,
+    ZYGOTE,
+    checkout_first,
     free_port,
     launch_env,
     node_launch,
     shm_buffers,
 )
+from support.zygote import serving
 
 
 class Launch:
@@ -42,14 +45,18 @@ class Launch:
         lean: bool = False,
     ):
         """`runner=False`: DeepSpeed's per-node launcher only; with `lean`, the suite's own in
-        its place (support/node_launcher.py: the same ranks, ~4.5 s less), for runs that are
-        expected to finish, where no test is about how a launcher handles a failing rank."""
+        its place (support/node_launcher.py: the same ranks, ~4.5 s less; forked by the
+        suite's zygote where one serves, one rank too), for runs whose test is about the
+        trainer, not about how a launcher treats its ranks (nothing finds them by `rank`)."""
         self.port = free_port()
         self.log = log
         env = launch_env()
         if num_gpus == 1:  # plain `python train.py`: a world of one, port fixed for the shm name
-            cmd = [sys.executable, str(TRAIN), *args]
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
+            cmd = [sys.executable, str(TRAIN), *args]
+            if lean and serving(checkout_first(env), sys.executable):
+                env = checkout_first(env)  # forked by the suite's zygote (support.zygote)
+                cmd = [sys.executable, "-u", str(ZYGOTE), "run", str(TRAIN), *args]
         elif not runner:  # the runner's own start-up spared (support.launch.node_launch)
             cmd, env = node_launch(num_gpus, self.port, TRAIN, args, env, lean=lean)
         else:

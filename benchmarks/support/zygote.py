@@ -17,8 +17,9 @@ attached (SCM_RIGHTS); the server answers `{"pid": N}` once forked and `{"status
 exit status as `subprocess` gives it) when the rank is gone. A connection that closes early
 (its launcher was killed) takes its rank with it (SIGKILL).
 
-Run as `python -u zygote.py SOCKET`; it must not start a thread before it forks (nothing it
-imports does: checked at start-up).
+Run as `python -u zygote.py SOCKET`; `python -u zygote.py run SCRIPT args` has it run one
+process in the caller's place (support.faults.Launch's one-rank lean runs). The server must
+not start a thread before it forks (nothing it imports does: checked at start-up).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import signal
 import socket
 import sys
 import threading
-import traceback
+import time
 
 # What a rank of gpt_ds/train.py imports, whole (its lazy imports included).
 PRELOAD = (
@@ -48,7 +49,10 @@ PRELOAD = (
 ZYGOTE_ENV = "GPT_DS_TEST_ZYGOTE"
 # Variables read while those modules are imported: a launch that sets them otherwise gets
 # fresh ranks (node_launcher.py compares them).
-IMPORT_ENV_PREFIXES = ("PYTHON", "DS_", "DEEPSPEED", "TORCH", "PYTORCH", "TRANSFORMERS", "HF_")
+IMPORT_ENV_PREFIXES = (
+    *("PYTHON", "DS_", "DEEPSPEED", "TORCH", "PYTORCH", "TRANSFORMERS", "HF_"),
+    *("OMP_", "KMP_", "MKL_", "LD_", "MALLOC_", "GLIBC_"),  # read as the libraries load
+)
 
 
 def import_env(env: dict[str, str]) -> dict[str, str]:
@@ -65,9 +69,11 @@ def preload() -> None:
         raise RuntimeError(f"threads after the imports: {threading.enumerate()}: forks unsafe")
 
 
-def run_rank(request: dict, fds: list[int]) -> None:
-    """In the forked child: become `python -u script args` in the request's world; never
-    returns (os._exit with what the script exits with, as the interpreter would)."""
+def run_script(request: dict, fds: list[int]) -> None:
+    """In the forked child: become `python -u script args` (or `-m module args`) in the
+    request's directory and environment, its streams `fds`, and run it as `__main__`. What the
+    script raises (SystemExit included) propagates to the top, where the interpreter exits as
+    it would for that script: the same status, traceback and exit handlers."""
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -77,40 +83,14 @@ def run_rank(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    threads = os.environ.get("OMP_NUM_THREADS")
-    if threads:  # OpenMP read it when torch loaded: apply the rank's own
-        import torch
-
-        torch.set_num_threads(int(threads))
     target, *args = request["argv"]
-    code = 0
-    try:
-        if request["module"]:
-            sys.argv = [target, *args]
-            sys.path[0] = request["cwd"]
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = [target, *args]
-            sys.path[0] = os.path.dirname(os.path.abspath(target))
-            runpy.run_path(target, run_name="__main__")
-    except SystemExit as exc:
-        code = exit_code(exc)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def exit_code(exc: SystemExit) -> int:
-    """What `python script` exits with for this SystemExit (a message is printed, status 1)."""
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code & 0xFF
-    print(exc.code, file=sys.stderr)
-    return 1
+    sys.argv = [target, *args]
+    if request["module"]:
+        sys.path[0] = request["cwd"]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
 
 
 class Server:
@@ -124,6 +104,7 @@ class Server:
         self.selector.register(self.listener, selectors.EVENT_READ)
         self.rank_of: dict[socket.socket, int] = {}
         self.conn_of: dict[int, socket.socket] = {}
+        self.started: dict[int, float] = {}
 
     def serve(self) -> None:
         while True:
@@ -150,11 +131,14 @@ class Server:
             for other in self.rank_of:
                 other.close()
             conn.close()
-            run_rank(request, fds)
+            run_script(request, fds)
+            sys.exit(0)  # the script ended: up through serve() to the interpreter's exit
         for fd in fds:
             os.close(fd)
         self.rank_of[conn] = pid
         self.conn_of[pid] = conn
+        self.started[pid] = time.monotonic()
+        print(f"{time.strftime('%H:%M:%S')} {pid} forked: {' '.join(request['argv'])[:300]}")
         conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         self.selector.register(conn, selectors.EVENT_READ)
 
@@ -167,6 +151,7 @@ class Server:
             del self.conn_of[pid]
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+            print(f"{time.strftime('%H:%M:%S')} {pid} killed: its launcher hung up")
 
     def reap(self) -> None:
         while self.conn_of:
@@ -179,6 +164,8 @@ class Server:
             self.rank_of.pop(conn, None)
             self.selector.unregister(conn)
             reply = {"status": os.waitstatus_to_exitcode(status)}
+            took = time.monotonic() - self.started.pop(pid)
+            print(f"{time.strftime('%H:%M:%S')} {pid} exit {reply['status']} after {took:.1f} s")
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 conn.sendall(json.dumps(reply).encode() + b"\n")  # unless its launcher is gone
             conn.close()
@@ -228,5 +215,24 @@ def main(path: str) -> None:
     server.serve()
 
 
+def run_forked(argv: list[str]) -> int:
+    """`python -u zygote.py run SCRIPT args`: SCRIPT run by the zygote this environment names,
+    in this process's directory, environment and streams, as `python -u SCRIPT args` would:
+    SIGTERM and SIGINT passed on, its exit status this process's."""
+    path = serving(dict(os.environ), sys.executable)
+    if path is None:
+        raise SystemExit(f"no zygote serves this environment ({ZYGOTE_ENV})")
+    child = Forked(path, argv, dict(os.environ), os.getcwd())
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda n, _: os.kill(child.pid, n))
+    status = child.wait()
+    if status < 0:  # killed by a signal: so is this process
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    return status
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "run":
+        sys.exit(run_forked(sys.argv[2:]))
     main(sys.argv[1])
