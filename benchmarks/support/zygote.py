@@ -196,23 +196,38 @@ class Forked:
 
 def serving(env: dict[str, str], python: str) -> str | None:
     """The socket of the zygote that `env` names (ZYGOTE_ENV) if it can serve a process of
-    `python` in `env`: it runs that Python and imported under the same `import_env`."""
+    `python` in `env`: it runs that Python and `env`'s `import_env` is the one it imported
+    under, or that one with what its imports set themselves (DeepSpeed sets
+    PYTORCH_NVML_BASED_CUDA_CHECK on import: so has a caller that imported it)."""
     path = env.get(ZYGOTE_ENV)
     if not path or not os.path.exists(path + ".env"):
         return None
     with open(path + ".env") as f:
         served = json.load(f)
-    if served["python"] != python or served["env"] != import_env(env):
-        return None
-    return path
+    mine = import_env(env)
+    for name, value in served["set_on_import"].items():
+        if mine.get(name) == value:  # as the imports leave it either way
+            mine.pop(name)
+            mine.update({name: served["env"][name]} if name in served["env"] else {})
+    return path if served["python"] == python and mine == served["env"] else None
 
 
 def main(path: str) -> None:
     server = Server(path)  # listening before the imports: launchers queue meanwhile
-    with open(path + ".env", "w") as f:  # what `serving` checks before a launcher asks
-        json.dump({"python": sys.executable, "env": import_env(dict(os.environ))}, f)
+    before = import_env(dict(os.environ))
+    write_served(path, before, {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"})  # deepspeed's, till known
     preload()
+    after = import_env(dict(os.environ))
+    write_served(path, before, {k: v for k, v in after.items() if before.get(k) != v})
     server.serve()
+
+
+def write_served(path: str, env: dict[str, str], set_on_import: dict[str, str]) -> None:
+    """What `serving` checks before a launcher asks: this Python, the import environment, and
+    what the imports set in it themselves."""
+    with open(path + ".env.tmp", "w") as f:
+        json.dump({"python": sys.executable, "env": env, "set_on_import": set_on_import}, f)
+    os.replace(path + ".env.tmp", path + ".env")
 
 
 def run_forked(argv: list[str]) -> int:
