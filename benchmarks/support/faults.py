@@ -54,9 +54,9 @@ class Launch:
         if num_gpus == 1:  # plain `python train.py`: a world of one, port fixed for the shm name
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
             cmd = [sys.executable, str(TRAIN), *args]
-            if lean and serving(checkout_first(env), sys.executable):
-                env = checkout_first(env)  # forked by the suite's zygote (support.zygote)
-                cmd = [sys.executable, "-u", str(ZYGOTE), "run", str(TRAIN), *args]
+            with_repo = checkout_first(env)
+            if lean and serving(with_repo, sys.executable):  # forked by the suite's zygote
+                env, cmd = with_repo, [sys.executable, "-u", str(ZYGOTE), "run", str(TRAIN), *args]
         elif not runner:  # the runner's own start-up spared (support.launch.node_launch)
             cmd, env = node_launch(num_gpus, self.port, TRAIN, args, env, lean=lean)
         else:

@@ -85,8 +85,9 @@ def _launcher_env(ranks: int) -> Iterator[None]:
 @contextlib.contextmanager
 def zygote(folder: Path) -> Iterator[None]:
     """A support/zygote.py for this process's launches, while the context lasts: their lean
-    node launchers (`node_launch(..., lean=True)`) have it fork their ranks from one process
-    that imported a rank's modules once, instead of each rank importing them (~6 s a launch).
+    node launchers (`node_launch(..., lean=True)`), `run_python` and one-rank lean
+    `faults.Launch` runs have it fork their processes from one that imported a rank's modules
+    once, instead of each process importing them (~6 s a launch).
     Started in the background: it imports while the first tests run."""
     socket_path = folder / "zygote.sock"
     env = checkout_first(launch_env())

@@ -7,9 +7,10 @@ each rank from itself, so a rank starts in milliseconds. The ranks are still sep
 with their own process group, environment, arguments and standard streams, run from the
 script's first line as `python -u script args` would.
 
-support/node_launcher.py asks it for ranks when GPT_DS_TEST_ZYGOTE names its socket (the
-suite's conftest starts one per session) and the launch's environment matches the one this
-process imported under (`import_env`); otherwise it starts the ranks as DeepSpeed does.
+support/node_launcher.py (a lean launch's ranks), support.launch.run_python (a script) and
+support.faults.Launch (a one-rank lean run) ask it when GPT_DS_TEST_ZYGOTE names its socket (the
+suite's conftest starts one per session) and `serving` finds their environment the one this
+process imported under; otherwise they start fresh processes.
 
 Protocol, one connection per rank: the client sends one JSON line
 `{"argv": [...], "env": {...}, "cwd": "...", "module": bool}` with its stdin, stdout and stderr
@@ -48,7 +49,7 @@ PRELOAD = (
 # The variable that names a zygote's socket to the processes that may ask it for ranks.
 ZYGOTE_ENV = "GPT_DS_TEST_ZYGOTE"
 # Variables read while those modules are imported: a launch that sets them otherwise gets
-# fresh ranks (node_launcher.py compares them).
+# fresh processes (`serving` compares them).
 IMPORT_ENV_PREFIXES = (
     *("PYTHON", "DS_", "DEEPSPEED", "TORCH", "PYTORCH", "TRANSFORMERS", "HF_"),
     *("OMP_", "KMP_", "MKL_", "LD_", "MALLOC_", "GLIBC_"),  # read as the libraries load
@@ -151,6 +152,7 @@ class Server:
             del self.conn_of[pid]
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+            del self.started[pid]
             print(f"{time.strftime('%H:%M:%S')} {pid} killed: its launcher hung up")
 
     def reap(self) -> None:
@@ -206,16 +208,18 @@ def serving(env: dict[str, str], python: str) -> str | None:
         served = json.load(f)
     mine = import_env(env)
     for name, value in served["set_on_import"].items():
-        if mine.get(name) == value:  # as the imports leave it either way
-            mine.pop(name)
-            mine.update({name: served["env"][name]} if name in served["env"] else {})
+        if mine.get(name) == value:  # as the imports leave it either way: as before them
+            if name in served["env"]:
+                mine[name] = served["env"][name]
+            else:
+                del mine[name]
     return path if served["python"] == python and mine == served["env"] else None
 
 
 def main(path: str) -> None:
     server = Server(path)  # listening before the imports: launchers queue meanwhile
     before = import_env(dict(os.environ))
-    write_served(path, before, {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"})  # deepspeed's, till known
+    write_served(path, before, {})  # an exact match is served while the imports run
     preload()
     after = import_env(dict(os.environ))
     write_served(path, before, {k: v for k, v in after.items() if before.get(k) != v})
@@ -230,7 +234,7 @@ def write_served(path: str, env: dict[str, str], set_on_import: dict[str, str]) 
     os.replace(path + ".env.tmp", path + ".env")
 
 
-def run_forked(argv: list[str]) -> int:
+def run_in_place(argv: list[str]) -> int:
     """`python -u zygote.py run SCRIPT args`: SCRIPT run by the zygote this environment names,
     in this process's directory, environment and streams, as `python -u SCRIPT args` would:
     SIGTERM and SIGINT passed on, its exit status this process's."""
@@ -249,5 +253,5 @@ def run_forked(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "run":
-        sys.exit(run_forked(sys.argv[2:]))
+        sys.exit(run_in_place(sys.argv[2:]))
     main(sys.argv[1])
