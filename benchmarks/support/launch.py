@@ -207,9 +207,11 @@ def node_launch(
 
 
 def checkout_first(env: dict[str, str]) -> dict[str, str]:
-    """`env` with this checkout first on PYTHONPATH: a launched process imports its gpt_ds."""
-    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return {**env, "PYTHONPATH": path}
+    """`env` with this checkout first on PYTHONPATH: a launched process imports its gpt_ds.
+    Once only: a process launched from a launched process (a benchmark's ranks) has the same
+    PYTHONPATH, which the suite's zygote compares."""
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
+    return {**env, "PYTHONPATH": os.pathsep.join([str(REPO), *rest])}
 
 
 def run_python(

@@ -25,7 +25,9 @@ import subprocess
 import sys
 
 import psutil
-from zygote import Forked, serving  # a sibling script's: this one runs as a script too
+
+# a sibling script's: this one runs as a script too
+from zygote import RANK_PIDS_ENV, Forked, serving
 
 # How long the ranks get after SIGTERM before SIGKILL (launch.py's terminate_process_tree).
 TERMINATE_WAIT_S = 30
@@ -100,6 +102,8 @@ def main(argv: list[str]) -> int:
     """Start the node's ranks; 0 once all exit 0, else the first failing rank's status (the
     others terminated); a SIGINT/SIGTERM here terminates the ranks and exits 1, as launch.py."""
     ranks = start_ranks(rank_commands(parse_args(argv)))
+    if os.environ.get(RANK_PIDS_ENV):
+        write_pids(os.environ[RANK_PIDS_ENV], [rank.pid for rank in ranks])
 
     def on_signal(signum: int, frame: object) -> None:
         terminate(ranks)
@@ -115,6 +119,13 @@ def main(argv: list[str]) -> int:
             terminate(ranks)
             return rank.returncode
     return 0
+
+
+def write_pids(path: str, pids: list[int]) -> None:
+    """`pids` into `path` whole or not at all: a reader polling for it never sees half."""
+    with open(path + ".part", "w") as f:
+        f.write("".join(f"{pid}\n" for pid in pids))
+    os.replace(path + ".part", path)
 
 
 def next_exit(running: list) -> subprocess.Popen | Forked:

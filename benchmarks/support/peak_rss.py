@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from support.launch import (
     node_launch,
     remove_shm_buffers,
 )
+from support.zygote import RANK_PIDS_ENV, ZYGOTE_ENV
 
 
 def status_bytes(pid: int, field: str) -> int:
@@ -67,9 +69,17 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
     per-node launcher, support.launch.node_launch), output to `log`, every rank's VmHWM
     polled every 0.1 s: the kernel keeps each rank's peak, but only while the rank lives. Past
     `timeout` seconds the launch and every process it started are killed. Its /dev/shm buffers
-    are removed either way."""
+    are removed either way. Under the test suite (its zygote serving: the benchmarks' smoke
+    tests) support/node_launcher.py starts the same ranks forked, without each rank's imports;
+    a benchmark run by hand always launches through DeepSpeed's launcher."""
     port = free_port()
-    cmd, env = node_launch(ranks, port, args[0], [str(a) for a in args[1:]], launch_env())
+    lean = ZYGOTE_ENV in os.environ
+    cmd, env = node_launch(
+        ranks, port, args[0], [str(a) for a in args[1:]], launch_env(), lean=lean
+    )
+    pid_file = log.with_name(log.name + ".pids")
+    if lean:
+        env[RANK_PIDS_ENV] = str(pid_file)
     peaks: dict[int, int] = {}
     deadline = time.monotonic() + timeout
     with log.open("w") as f:
@@ -77,8 +87,8 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
         launcher = psutil.Process(proc.pid)
         try:
             while proc.poll() is None and time.monotonic() < deadline:
-                for p in rank_pids(launcher):
-                    peaks[p.pid] = max(peaks.get(p.pid, 0), status_bytes(p.pid, "VmHWM"))
+                for pid in watched_pids(launcher, pid_file if lean else None):
+                    peaks[pid] = max(peaks.get(pid, 0), status_bytes(pid, "VmHWM"))
                 time.sleep(0.1)
         finally:
             stopped = proc.poll() is None
@@ -89,3 +99,14 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
                 proc.wait()
             remove_shm_buffers("127.0.0.1", port)
     return Watched(cmd, 124 if stopped else proc.returncode, max(peaks.values(), default=0))
+
+
+def watched_pids(launcher: psutil.Process, pid_file: Path | None) -> list[int]:
+    """The launch's rank pids: those support/node_launcher.py wrote to `pid_file` (forked
+    ranks are not its children; none until it has written them), else `rank_pids`."""
+    if pid_file is None:
+        return [p.pid for p in rank_pids(launcher)]
+    try:
+        return [int(line) for line in pid_file.read_text().split()]
+    except FileNotFoundError:
+        return []

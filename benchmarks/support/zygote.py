@@ -48,6 +48,9 @@ PRELOAD = (
 )
 # The variable that names a zygote's socket to the processes that may ask it for ranks.
 ZYGOTE_ENV = "GPT_DS_TEST_ZYGOTE"
+# Where set, the file support/node_launcher.py writes its ranks' pids to, a line each, once all
+# started: forked ranks are the zygote's children, not the launcher's (support/peak_rss.py).
+RANK_PIDS_ENV = "GPT_DS_NODE_LAUNCHER_PIDS"
 # Variables read while those modules are imported: a launch that sets them otherwise gets
 # fresh processes (`serving` compares them).
 IMPORT_ENV_PREFIXES = (
