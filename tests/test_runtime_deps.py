@@ -11,11 +11,10 @@ resume, `--init_from` a small pretrained GPT-2 under ZeRO-3, export, sample, the
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.venvs import linked_venv
 from support.launch import REPO, TRAIN, launch_env, run_checked, tiny_run_args
 
 pytestmark = pytest.mark.slow
@@ -41,7 +40,7 @@ def declared_floors() -> list[str]:
 def floor_venv(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """(venv, environment) of `pip install -e .` with every runtime dependency at its floor."""
     venv = tmp_path_factory.mktemp("floor") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    linked_venv(venv, "pip", "torch")  # pip replaces this torch if it is not the floor's
     pins = tmp_path_factory.getbasetemp() / "floors.txt"
     pins.write_text("\n".join(declared_floors()) + "\n")
     pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet"]
