@@ -216,7 +216,20 @@ def serving(env: dict[str, str], python: str) -> str | None:
                 mine[name] = served["env"][name]
             else:
                 del mine[name]
-    return path if served["python"] == python and mine == served["env"] else None
+    if served["python"] == python and mine == served["env"]:
+        return path
+    note_fresh(path, served, python, mine)
+    return None
+
+
+def note_fresh(path: str, served: dict, python: str, mine: dict[str, str]) -> None:
+    """One line in the zygote's `.fresh` log: which launch went fresh, and what differed
+    (a test that changed an import-time variable of the suite's own process sends every later
+    launch there)."""
+    differ = sorted(k for k in {*mine, *served["env"]} if mine.get(k) != served["env"].get(k))
+    what = f"python {python}" if served["python"] != python else "variables " + " ".join(differ)
+    with open(path + ".fresh", "a") as f:
+        f.write(f"{time.strftime('%H:%M:%S')} {os.getpid()} {sys.argv[0]}: {what}\n")
 
 
 def main(path: str) -> None:
