@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 # DeepSpeed JIT-compiles its CPU comm op on first use; a cache shared with another environment
@@ -26,6 +27,7 @@ from support.launch import (  # noqa: E402
     tiny_run_args,
     zygote,
 )
+from support.zygote import ZYGOTE_ENV, refusal  # noqa: E402
 
 
 def selects_gpu_tests(markexpr: str) -> bool:
@@ -63,6 +65,29 @@ def rank_zygote(tmp_path_factory):
     (support.launch.zygote); tests/test_node_launcher.py holds its ranks to DeepSpeed's."""
     with zygote(tmp_path_factory.mktemp("zygote")):
         yield
+
+
+@pytest.fixture(autouse=True)
+def zygote_env_kept(request):
+    """A test that leaves an import-time variable changed in this process (DeepSpeed's op
+    builder sets TORCH_CUDA_ARCH_LIST as it parses it) would send every later launch to fresh
+    processes: the zygote serves only the environment it imported under. Put back after the
+    test, with a warning that names it."""
+    before = dict(os.environ)
+    yield
+    path = os.environ.get(ZYGOTE_ENV)
+    if not path or not os.path.exists(path + ".env") or refusal(path, before, sys.executable):
+        return
+    why = refusal(path, dict(os.environ), sys.executable)
+    if why is None or not why.startswith("variables "):
+        return
+    for name in why.split()[1:]:
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            os.environ.pop(name, None)
+    message = f"{request.node.nodeid} changed {why} of the suite's process: put back"
+    warnings.warn(message, stacklevel=1)
 
 
 @pytest.fixture(scope="session")

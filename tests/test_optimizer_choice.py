@@ -118,10 +118,14 @@ class ArchListProbe(CUDAOpBuilder):
 @pytest.mark.parametrize(
     "arch_list", ["9.0a", "8.0;8.6+PTX 9.0", "10.0f", "9.0", "8.0 9.0a;10.0", " 7.5 ", ""]
 )
-def test_an_arch_list_deepspeeds_jit_builder_cannot_parse_is_found_before_it_runs(arch_list):
+def test_an_arch_list_deepspeeds_jit_builder_cannot_parse_is_found_before_it_runs(
+    arch_list, monkeypatch
+):
     """An H200 node's image set TORCH_CUDA_ARCH_LIST=9.0a (torch's arch-specific Hopper target):
     DeepSpeed 0.19's FusedAdam JIT build raised ValueError on it after the model was built.
-    The blocker agrees with DeepSpeed's own parser, run here without a GPU or a build."""
+    The blocker agrees with DeepSpeed's own parser, run here without a GPU or a build (which
+    sets TORCH_CUDA_ARCH_LIST in this process: monkeypatch restores it)."""
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     try:
         ArchListProbe(arch_list).compute_capability_args()
         deepspeed_parses = True

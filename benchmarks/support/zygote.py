@@ -201,14 +201,29 @@ class Forked:
 
 def serving(env: dict[str, str], python: str) -> str | None:
     """The socket of the zygote that `env` names (ZYGOTE_ENV) if it can serve a process of
-    `python` in `env`: it runs that Python and `env`'s `import_env` is the one it imported
-    under, or that one with what its imports set themselves (DeepSpeed sets
-    PYTORCH_NVML_BASED_CUDA_CHECK on import: so has a caller that imported it)."""
+    `python` in `env` (see `refusal`); where it cannot, a line in its `.fresh` log says which
+    launch went fresh and why (a test that changed an import-time variable of the suite's own
+    process sends every later launch there)."""
     path = env.get(ZYGOTE_ENV)
     if not path or not os.path.exists(path + ".env"):
         return None
+    why = refusal(path, env, python)
+    if why is None:
+        return path
+    with open(path + ".fresh", "a") as f:
+        f.write(f"{time.strftime('%H:%M:%S')} {os.getpid()} {sys.argv[0]}: {why}\n")
+    return None
+
+
+def refusal(path: str, env: dict[str, str], python: str) -> str | None:
+    """Why the zygote at `path` cannot serve a process of `python` in `env`, or None: it runs
+    that Python and `env`'s `import_env` is the one it imported under, or that one with what
+    its imports set themselves (DeepSpeed sets PYTORCH_NVML_BASED_CUDA_CHECK on import: so
+    has a caller that imported it)."""
     with open(path + ".env") as f:
         served = json.load(f)
+    if served["python"] != python:
+        return f"python {python}"
     mine = import_env(env)
     for name, value in served["set_on_import"].items():
         if mine.get(name) == value:  # as the imports leave it either way: as before them
@@ -216,20 +231,9 @@ def serving(env: dict[str, str], python: str) -> str | None:
                 mine[name] = served["env"][name]
             else:
                 del mine[name]
-    if served["python"] == python and mine == served["env"]:
-        return path
-    note_fresh(path, served, python, mine)
-    return None
-
-
-def note_fresh(path: str, served: dict, python: str, mine: dict[str, str]) -> None:
-    """One line in the zygote's `.fresh` log: which launch went fresh, and what differed
-    (a test that changed an import-time variable of the suite's own process sends every later
-    launch there)."""
-    differ = sorted(k for k in {*mine, *served["env"]} if mine.get(k) != served["env"].get(k))
-    what = f"python {python}" if served["python"] != python else "variables " + " ".join(differ)
-    with open(path + ".fresh", "a") as f:
-        f.write(f"{time.strftime('%H:%M:%S')} {os.getpid()} {sys.argv[0]}: {what}\n")
+    theirs = served["env"]
+    differ = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
+    return "variables " + " ".join(differ) if differ else None
 
 
 def main(path: str) -> None:
