@@ -22,12 +22,14 @@ from support.faults import Launch  # noqa: E402
 from support.launch import (  # noqa: E402
     REPO,
     STAGE_RUN_ITERS,
+    checkout_first,
+    launch_env,
     run_deepspeed,
     run_python,
     tiny_run_args,
     zygote,
 )
-from support.zygote import ZYGOTE_ENV, refusal  # noqa: E402
+from support.zygote import ZYGOTE_ENV, read_served, refusal  # noqa: E402
 
 
 def selects_gpu_tests(markexpr: str) -> bool:
@@ -63,30 +65,30 @@ def pytest_collection_modifyitems(config, items):
 def rank_zygote(tmp_path_factory):
     """One process that imported a rank's modules, forking the ranks of every lean launch
     (support.launch.zygote); tests/test_node_launcher.py holds its ranks to DeepSpeed's."""
+    session_env = dict(os.environ)
     with zygote(tmp_path_factory.mktemp("zygote")):
-        yield
+        yield session_env
 
 
 @pytest.fixture(autouse=True)
-def zygote_env_kept(request):
+def zygote_env_kept(request, rank_zygote):
     """A test that leaves an import-time variable changed in this process (DeepSpeed's op
     builder sets TORCH_CUDA_ARCH_LIST as it parses it) would send every later launch to fresh
-    processes: the zygote serves only the environment it imported under. Put back after the
-    test, with a warning that names it."""
-    before = dict(os.environ)
+    processes: the zygote serves only the environment it imported under. Once it has imported,
+    such a change is put back after the test, as the session began, with a warning."""
     yield
     path = os.environ.get(ZYGOTE_ENV)
-    if not path or not os.path.exists(path + ".env") or refusal(path, before, sys.executable):
+    if not path or not os.path.exists(path + ".env") or not read_served(path)["imported"]:
         return
-    why = refusal(path, dict(os.environ), sys.executable)
+    why = refusal(path, checkout_first(launch_env()), sys.executable)
     if why is None or not why.startswith("variables "):
         return
     for name in why.split()[1:]:
-        if name in before:
-            os.environ[name] = before[name]
+        if name in rank_zygote:
+            os.environ[name] = rank_zygote[name]
         else:
             os.environ.pop(name, None)
-    message = f"{request.node.nodeid} changed {why} of the suite's process: put back"
+    message = f"{request.node.nodeid} (or a test before it) changed {why}: put back"
     warnings.warn(message, stacklevel=1)
 
 

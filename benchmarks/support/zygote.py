@@ -220,8 +220,7 @@ def refusal(path: str, env: dict[str, str], python: str) -> str | None:
     that Python and `env`'s `import_env` is the one it imported under, or that one with what
     its imports set themselves (DeepSpeed sets PYTORCH_NVML_BASED_CUDA_CHECK on import: so
     has a caller that imported it)."""
-    with open(path + ".env") as f:
-        served = json.load(f)
+    served = read_served(path)
     if served["python"] != python:
         return f"python {python}"
     mine = import_env(env)
@@ -236,21 +235,30 @@ def refusal(path: str, env: dict[str, str], python: str) -> str | None:
     return "variables " + " ".join(differ) if differ else None
 
 
+def read_served(path: str) -> dict:
+    """What the zygote at `path` serves (`write_served`)."""
+    with open(path + ".env") as f:
+        return json.load(f)
+
+
 def main(path: str) -> None:
     server = Server(path)  # listening before the imports: launchers queue meanwhile
     before = import_env(dict(os.environ))
-    write_served(path, before, {})  # an exact match is served while the imports run
+    write_served(path, before, {}, imported=False)  # an exact match is served while the imports run
     preload()
     after = import_env(dict(os.environ))
-    write_served(path, before, {k: v for k, v in after.items() if before.get(k) != v})
+    write_served(path, before, {k: v for k, v in after.items() if before.get(k) != v}, True)
     server.serve()
 
 
-def write_served(path: str, env: dict[str, str], set_on_import: dict[str, str]) -> None:
+def write_served(
+    path: str, env: dict[str, str], set_on_import: dict[str, str], imported: bool
+) -> None:
     """What `serving` checks before a launcher asks: this Python, the import environment, and
-    what the imports set in it themselves."""
+    what the imports set in it themselves (known once `imported`)."""
+    served = {"python": sys.executable, "env": env, "set_on_import": set_on_import}
     with open(path + ".env.tmp", "w") as f:
-        json.dump({"python": sys.executable, "env": env, "set_on_import": set_on_import}, f)
+        json.dump({**served, "imported": imported}, f)
     os.replace(path + ".env.tmp", path + ".env")
 
 
