@@ -124,8 +124,8 @@ def test_an_arch_list_deepspeeds_jit_builder_cannot_parse_is_found_before_it_run
     """An H200 node's image set TORCH_CUDA_ARCH_LIST=9.0a (torch's arch-specific Hopper target):
     DeepSpeed 0.19's FusedAdam JIT build raised ValueError on it after the model was built.
     The blocker agrees with DeepSpeed's own parser, run here without a GPU or a build (which
-    sets TORCH_CUDA_ARCH_LIST in this process: monkeypatch restores it)."""
-    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    sets TORCH_CUDA_ARCH_LIST in this process: monkeypatch restores it as the test found it)."""
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
     try:
         ArchListProbe(arch_list).compute_capability_args()
         deepspeed_parses = True

@@ -31,7 +31,8 @@ def test_eight_ranks_build_gpt2_medium_partitioned(shakespeare_dir, tmp_path):
         dry_run=True,
         ignore_memory_estimate=True,  # the guard counts the step (24 GiB); this run stops before
     )
-    out = run_deepspeed(args, num_gpus=8, timeout=900).stdout
+    # fresh ranks: a forked one inherits the imports whose memory the prediction counts
+    out = run_deepspeed(args, num_gpus=8, timeout=900, fresh=True).stdout
     line = LINE.search(out).group(1)
     peaks = re.findall(r"rank \d+ ([\d.]+) \(([\d.]+)\) GiB", line)
     model_and_engine = [float(m) for _, m in peaks]

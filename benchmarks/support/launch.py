@@ -131,12 +131,16 @@ def run_deepspeed(
     check: bool = True,
     extra_launcher_args: list[str] | None = None,
     env: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
     """`deepspeed --num_gpus N script args...` on localhost with a fresh port; output captured.
     Runs what that command runs on one node, through support/node_launcher.py (DeepSpeed's
     per-node launcher without its start-up), unless `extra_launcher_args` asks for the runner
-    (a hostfile, --include, ...): see `node_launch`."""
+    (a hostfile, --include, ...): see `node_launch`. `fresh`: ranks that import for themselves,
+    not forked by the suite's zygote (a test of what a user's fresh process holds)."""
     port = free_port()
+    if fresh:
+        env = {k: v for k, v in (env or launch_env()).items() if k != ZYGOTE_ENV}
     launcher_args = extra_launcher_args or []
     if set(launcher_args) <= {"--module"}:
         module = bool(launcher_args)
