@@ -137,7 +137,7 @@ def launch(tmp_path):
     """`launch(args, name, num_gpus=2, runner=False, lean=False)` starts a run; whatever is left
     is killed afterwards. `runner=True` starts `deepspeed` itself, for the tests of what the
     runner does (signals to it); otherwise DeepSpeed's per-node launcher, as the runner would,
-    or with `lean` the suite's (a run that is to finish: support.faults.Launch)."""
+    or with `lean` the suite's (a run whose test is about the trainer: support.faults.Launch)."""
     started: list[Launch] = []
 
     def start(

@@ -2,9 +2,12 @@
 
 Every run here is a real launch (`deepspeed --num_gpus 2 gpt_ds/train.py ...`, or
 `python gpt_ds/train.py` for one rank) started in the background by `support.faults.Launch`, so
-a test can kill a rank, signal the launcher, or watch the run's files while it works. References
-are computed in each test module: uninterrupted runs of the same configuration (`References`),
-DeepSpeed's own zero_to_fp32 for weights, and plain `transformers` for a loss.
+a test can kill a rank, signal the launcher, or watch the run's files while it works. Where the
+test is about the trainer (a killed or stopped rank, a full disk), the launch is lean: the
+suite's node launcher with ranks forked by its zygote (`Launch`'s `lean`); where it is about
+DeepSpeed's launcher or runner (signals to them, a kill of the whole process group), theirs.
+References are computed in each test module: uninterrupted runs of the same configuration
+(`References`), DeepSpeed's own zero_to_fp32 for weights, and plain `transformers` for a loss.
 
 /dev/shm: DeepSpeed's CPU comm op leaves a ~66 MB buffer per rank of a multi-rank launch (a
 one-process run makes none, measured) that only our ranks remove. Unlike
@@ -222,7 +225,7 @@ def test_sigkill_a_rank_mid_training_then_resume(refs, launch, tmp_path):
     intact and `latest`, and --resume reproduces the uninterrupted run exactly."""
     ref = refs.get("zero2")
     out = tmp_path / "run"
-    run = launch(ref.args(out, max_iters=1000), "killed")
+    run = launch(ref.args(out, max_iters=1000), "killed", lean=True)
     run.wait_for(lambda: 4 in checkpoint_iters(out), "the checkpoint at iteration 4")
     run.rank(1).kill()
     rc = run.finish()
@@ -262,7 +265,9 @@ def test_sigkill_mid_save_keeps_the_previous_checkpoint(victims, shakespeare_dir
     common = {**SLOW_SAVE, **SCHEDULE, "eval_iters": 2}
     for attempt in range(3):  # a kill that lands after the rename proves nothing: try again
         out = tmp_path / f"run{attempt}"
-        run = launch(tiny_run_args(shakespeare_dir, out, **{**common, "max_iters": 1000}), "killed")
+        args = tiny_run_args(shakespeare_dir, out, **{**common, "max_iters": 1000})
+        # every rank: one SIGKILL to the launch's process group, so DeepSpeed's launcher
+        run = launch(args, "killed", lean=victims == "rank 0")
         partial = out / "iter_4.partial"
         run.wait_for(lambda p=partial: any(p.glob("*_states.pt")), "DeepSpeed to write iter_4")
         if victims == "rank 0":
@@ -669,7 +674,7 @@ def test_a_stopped_rank_is_named_within_the_timeout(stopped, refs, launch, tmp_p
     the run exits non-zero; no checkpoint is written or lost, and the run resumes."""
     ref = refs.get("zero2")
     out = tmp_path / "run"
-    run = launch(ref.args(out, max_iters=1000, hang_timeout=HANG_TIMEOUT), "hung")
+    run = launch(ref.args(out, max_iters=1000, hang_timeout=HANG_TIMEOUT), "hung", lean=True)
     run.wait_for(lambda: 6 in checkpoint_iters(out), "the checkpoint at iteration 6")
     saved = checkpoint_iters(out)
     run.rank(stopped).suspend()

@@ -101,7 +101,7 @@ def test_a_second_launch_into_the_same_out_dir_is_refused(shakespeare_dir, launc
     end."""
     out = tmp_path / "run"
     args = tiny_run_args(shakespeare_dir, out, max_iters=30, eval_interval=10, eval_iters=2)
-    a = launch(args, "a")
+    a = launch(args, "a", lean=True)
     a.wait_for(lambda: (out / LOCK_NAME).exists(), "run A's lock")
     holder = LockOwner.read(out / LOCK_NAME)
     assert holder.pid == a.rank(0).pid

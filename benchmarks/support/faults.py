@@ -30,7 +30,7 @@ from support.launch import (
     node_launch,
     shm_buffers,
 )
-from support.zygote import serving
+from support.zygote import RANK_PIDS_ENV, serving
 
 
 class Launch:
@@ -47,9 +47,12 @@ class Launch:
         """`runner=False`: DeepSpeed's per-node launcher only; with `lean`, the suite's own in
         its place (support/node_launcher.py: the same ranks, ~4.5 s less; forked by the
         suite's zygote where one serves, one rank too), for runs whose test is about the
-        trainer, not about how a launcher treats its ranks (nothing finds them by `rank`)."""
+        trainer, not about how a launcher treats its ranks. A lean launch's ranks are found
+        by the pids its launcher writes (forked ranks are the zygote's children), and are
+        not in the launch's process group."""
         self.port = free_port()
         self.log = log
+        self.pid_file: Path | None = None
         env = launch_env()
         if num_gpus == 1:  # plain `python train.py`: a world of one, port fixed for the shm name
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
@@ -59,6 +62,9 @@ class Launch:
                 env, cmd = with_repo, [sys.executable, "-u", str(ZYGOTE), "run", str(TRAIN), *args]
         elif not runner:  # the runner's own start-up spared (support.launch.node_launch)
             cmd, env = node_launch(num_gpus, self.port, TRAIN, args, env, lean=lean)
+            if lean:
+                self.pid_file = log.with_name(log.name + ".pids")
+                env[RANK_PIDS_ENV] = str(self.pid_file)
         else:
             cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(num_gpus)]
             cmd += ["--master_port", str(self.port), str(TRAIN), *args]
@@ -73,14 +79,27 @@ class Launch:
         return self.log.read_text(errors="replace")
 
     def processes(self) -> list[psutil.Process]:
-        """The launcher's live descendants (also remembered, to wait for orphans later)."""
+        """The launcher's live descendants and a lean launch's ranks (also remembered, to wait
+        for orphans later)."""
         try:
             kids = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             kids = []
+        known = {k.pid for k in kids}
+        for pid in self.lean_rank_pids():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if pid not in known:
+                    kids.append(psutil.Process(pid))
         for k in kids:
             self.seen.setdefault(k.pid, k)
         return kids
+
+    def lean_rank_pids(self) -> list[int]:
+        """The ranks support/node_launcher.py started, in rank order (none before it wrote
+        them, or for a launch that is not lean)."""
+        if self.pid_file is None or not self.pid_file.exists():
+            return []
+        return [int(line) for line in self.pid_file.read_text().split()]
 
     def _find(self, needle: str) -> psutil.Process:
         for p in self.processes():
@@ -93,6 +112,12 @@ class Launch:
 
     def rank(self, r: int) -> psutil.Process:
         """Rank r's Python process (the launcher gives it `--local_rank=r`)."""
+        if self.pid_file is not None:
+            pids = self.lean_rank_pids()
+            if r >= len(pids):
+                raise LookupError(f"no rank {r} among {pids} (of {self.pid_file})")
+            self.processes()  # remembered, to wait for it at the end
+            return self.seen.get(pids[r]) or psutil.Process(pids[r])
         return self._find(f"--local_rank={r}")
 
     def launcher(self) -> psutil.Process:
@@ -140,6 +165,7 @@ class Launch:
         return sorted(Path("/dev/shm") / name.format(r) for r in ranks)
 
     def cleanup(self) -> None:
+        self.processes()  # a lean launch's ranks are outside its process group
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
