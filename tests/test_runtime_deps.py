@@ -11,6 +11,7 @@ resume, `--init_from` a small pretrained GPT-2 under ZeRO-3, export, sample, the
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,11 @@ def test_the_venv_holds_the_floors_and_no_extra(floor_venv):
 
 
 def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
+    """Each path in its own processes of the floor venv, one rank each (OMP_NUM_THREADS=1):
+    the independent chains run two at a time, one per core."""
     venv, env = floor_venv
     python, deepspeed = venv / "bin" / "python", venv / "bin" / "deepspeed"
-    data, hf = tmp_path / "data", tmp_path / "hf"
+    data = tmp_path / "data"
     run_checked([venv / "bin" / "gpt-ds-prepare", "--out_dir", data], REPO, env)
 
     def train(out: Path, runner: bool = False, **flags) -> str:
@@ -77,45 +80,60 @@ def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
         start = [deepspeed, "--num_gpus", "1"] if runner else [python]
         return run_checked([*start, TRAIN, *args], REPO, env)
 
-    train(tmp_path / "zero1", runner=True, deepspeed_config="ds_configs/zero1.json", max_iters=2)
-    # a fresh ZeRO-3 build at the floor gets GPT-2's init: one step at lr 1e-30 keeps it, and
-    # the residual projections' std is 0.02/sqrt(2 x 4 layers) (transformers < 5.23: 0.02)
-    train(tmp_path / "zero3", deepspeed_config="ds_configs/zero3.json", max_iters=1, lr=1e-30)
-    std_ratio = (
-        "import sys; from deepspeed.utils.zero_to_fp32 import "
-        "get_fp32_state_dict_from_zero_checkpoint as load; "
-        "w = load(sys.argv[1], tag='final')['transformer.h.0.mlp.c_proj.weight']; "
-        "print(w.std().item() / (0.02 / 8 ** 0.5))"
-    )
-    ratio = float(run_checked([python, "-c", std_ratio, tmp_path / "zero3"], REPO, env).split()[-1])
-    assert 0.95 < ratio < 1.05, ratio
-    run_dir = tmp_path / "zero2"
-    train(run_dir, max_iters=2)
-    assert f"resumed from {run_dir}/final at iteration 2" in train(
-        run_dir, max_iters=3, resume=True
-    )
+    def zero1_through_the_runner() -> None:
+        train(
+            tmp_path / "zero1", runner=True, deepspeed_config="ds_configs/zero1.json", max_iters=2
+        )
 
-    pretrained = tmp_path / "pretrained"
-    make = (
-        "import sys, torch; from transformers import GPT2Config, GPT2LMHeadModel; "
-        "torch.manual_seed(0); GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, "
-        "n_positions=64)).save_pretrained(sys.argv[1])"
-    )
-    run_checked([python, "-c", make, pretrained], REPO, env)
-    tuned = train(
-        tmp_path / "tuned",
-        deepspeed_config="ds_configs/zero3.json",
-        model=None,
-        init_from=pretrained,
-        max_iters=2,
-    )
-    assert "2 layers, 2 heads, 64 wide, block 64" in tuned
+    def zero3_gets_gpt2s_init() -> None:
+        """A fresh ZeRO-3 build at the floor gets GPT-2's init: one step at lr 1e-30 keeps
+        it, and the residual projections' std is 0.02/sqrt(2 x 4 layers) (transformers < 5.23:
+        0.02)."""
+        train(tmp_path / "zero3", deepspeed_config="ds_configs/zero3.json", max_iters=1, lr=1e-30)
+        std_ratio = (
+            "import sys; from deepspeed.utils.zero_to_fp32 import "
+            "get_fp32_state_dict_from_zero_checkpoint as load; "
+            "w = load(sys.argv[1], tag='final')['transformer.h.0.mlp.c_proj.weight']; "
+            "print(w.std().item() / (0.02 / 8 ** 0.5))"
+        )
+        said = run_checked([python, "-c", std_ratio, tmp_path / "zero3"], REPO, env)
+        ratio = float(said.split()[-1])
+        assert 0.95 < ratio < 1.05, ratio
 
-    run_checked([venv / "bin" / "gpt-ds-export", run_dir, "--output", hf], REPO, env)
-    sample = [venv / "bin" / "gpt-ds-sample", "--model", hf, "--prompt", "ROMEO:", "--seed", "1"]
-    said = run_checked([*sample, "--max_new_tokens", "5"], REPO, env)
-    assert "ROMEO:" in said
-    hardware = ["--gpus_per_node", "1", "--gpu_memory_gb", "24", "--global_batch_size", "8"]
-    picker = [venv / "bin" / "gpt-ds-pick-preset", "--model", "gpt2"]
-    picked = run_checked([*picker, *hardware], REPO, env)
-    assert "zero" in picked
+    def zero2_resumes_exports_and_samples() -> None:
+        run_dir, hf = tmp_path / "zero2", tmp_path / "hf"
+        train(run_dir, max_iters=2)
+        resumed = train(run_dir, max_iters=3, resume=True)
+        assert f"resumed from {run_dir}/final at iteration 2" in resumed
+        run_checked([venv / "bin" / "gpt-ds-export", run_dir, "--output", hf], REPO, env)
+        sample = [venv / "bin" / "gpt-ds-sample", "--model", hf, "--prompt", "ROMEO:"]
+        said = run_checked([*sample, "--seed", "1", "--max_new_tokens", "5"], REPO, env)
+        assert "ROMEO:" in said
+
+    def zero3_fine_tunes_a_pretrained_model() -> None:
+        pretrained = tmp_path / "pretrained"
+        make = (
+            "import sys, torch; from transformers import GPT2Config, GPT2LMHeadModel; "
+            "torch.manual_seed(0); GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, "
+            "n_positions=64)).save_pretrained(sys.argv[1])"
+        )
+        run_checked([python, "-c", make, pretrained], REPO, env)
+        zero3 = {"deepspeed_config": "ds_configs/zero3.json", "model": None, "max_iters": 2}
+        tuned = train(tmp_path / "tuned", init_from=pretrained, **zero3)
+        assert "2 layers, 2 heads, 64 wide, block 64" in tuned
+
+    def the_picker_picks() -> None:
+        hardware = ["--gpus_per_node", "1", "--gpu_memory_gb", "24", "--global_batch_size", "8"]
+        picker = [venv / "bin" / "gpt-ds-pick-preset", "--model", "gpt2"]
+        assert "zero" in run_checked([*picker, *hardware], REPO, env)
+
+    paths = [
+        zero2_resumes_exports_and_samples,
+        zero3_fine_tunes_a_pretrained_model,
+        zero1_through_the_runner,
+        zero3_gets_gpt2s_init,
+        the_picker_picks,
+    ]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for done in [pool.submit(path) for path in paths]:
+            done.result()  # a failed path's assertion, raised here
