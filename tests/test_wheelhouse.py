@@ -141,6 +141,9 @@ def test_a_node_with_torch_and_no_index_installs_and_trains_from_it(house, tmp_p
     python = linked_venv(venv, "pip", "torch")  # the node's own torch (and what torch needs)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "GPT_DS_"))}
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
+    # its own DeepSpeed's JIT ops: built into the suite's cache from another path, the comm op
+    # would be rebuilt (~30 s) at the suite's next launch
+    env["TORCH_EXTENSIONS_DIR"] = str(venv / "torch_extensions")
     pip = [python, "-m", "pip", "install", "--quiet"]
     # --isolated: no pip config, no PIP_* variable (this machine's find-links), no index
     run_checked([*pip, "--isolated", "--no-index", "--find-links", house, "gpt_ds"], tmp_path, env)
