@@ -352,6 +352,22 @@ def test_sigterm_and_sigint_stop_cleanly_and_resume(refs, launch, tmp_path):
     assert got == {i: ref.losses[i] for i in got}
 
 
+def test_a_signal_to_one_rank_stops_every_rank_and_rank_0_says_why(refs, launch, tmp_path):
+    """SIGTERM to rank 1 alone (a node's OOM guard, a scheduler that signals one process): the
+    ranks agree to stop, save once and exit 0; rank 0's log, the one a user reads, names the
+    rank that was asked and why."""
+    ref = refs.get("zero2")
+    out = tmp_path / "run"
+    run = launch(ref.args(out, max_iters=1000), "one_rank", lean=True)
+    run.wait_for(lambda: max(logged_iters(out), default=0) >= 2, "iteration 2")
+    run.rank(1).send_signal(signal.SIGTERM)
+    assert run.finish() == 0, run.tail()
+    assert "rank 1: received SIGTERM: saving" in run.output, run.tail()
+    m = STOPPED.search(run.output)
+    assert m and latest(out) == f"iter_{m[1]}", run.tail()
+    assert run.shm() == []
+
+
 def test_sigterm_to_the_deepspeed_command_stops_the_orphaned_ranks(refs, launch, tmp_path):
     """A scheduler's requeue: the job's command has `--resume auto`, so its first launch starts
     the run; SIGTERM to the pid the job script knows, `deepspeed` itself: DeepSpeed's runner

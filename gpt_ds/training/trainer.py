@@ -556,11 +556,22 @@ class Trainer:
             saved = True
         if not stop_requested:
             return False
-        dist.print0(f"{self.stop_request.reason or 'a stop was requested on another rank'}: saving")
+        dist.print0(f"{self.stop_reason()}: saving")
         if not saved:  # not twice: the launcher SIGKILLs ranks 30 s after its SIGTERM
             self.save(f"iter_{it}")
         dist.print0(f"stopped at iteration {it}; resume with --resume (tag iter_{it})")
         return True
+
+    def stop_reason(self) -> str:
+        """Why the run stops, as the first rank that asked says it (every rank agreed on the
+        stop, so every rank is here: the gather is safe). The rank that noticed a vanished
+        launch or a signal first need not be rank 0, whose line the user reads."""
+        self._progress("gather of the stop's reasons")
+        reasons = dist.gather_objects(self.stop_request.reason)
+        rank = next((r for r, why in enumerate(reasons) if why), None)
+        if rank is None:
+            return "a stop was requested"
+        return reasons[rank] if rank == 0 else f"rank {rank}: {reasons[rank]}"
 
     def _end_on_plateau(self, it: int) -> None:
         """--early_stop_patience ran out: the run ends here, `final` saved, the best checkpoint
