@@ -247,7 +247,8 @@ def main(path: str) -> None:
     write_served(path, before, {}, imported=False)  # an exact match is served while the imports run
     preload()
     after = import_env(dict(os.environ))
-    write_served(path, before, {k: v for k, v in after.items() if before.get(k) != v}, True)
+    set_on_import = {k: v for k, v in after.items() if before.get(k) != v}
+    write_served(path, before, set_on_import, imported=True)
     server.serve()
 
 
@@ -257,8 +258,9 @@ def write_served(
     """What `serving` checks before a launcher asks: this Python, the import environment, and
     what the imports set in it themselves (known once `imported`)."""
     served = {"python": sys.executable, "env": env, "set_on_import": set_on_import}
+    served["imported"] = imported
     with open(path + ".env.tmp", "w") as f:
-        json.dump({**served, "imported": imported}, f)
+        json.dump(served, f)
     os.replace(path + ".env.tmp", path + ".env")
 
 
