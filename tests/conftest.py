@@ -29,7 +29,7 @@ from support.launch import (  # noqa: E402
     tiny_run_args,
     zygote,
 )
-from support.zygote import ZYGOTE_ENV, read_served, refusal  # noqa: E402
+from support.zygote import ZYGOTE_ENV, differing_variables, read_served  # noqa: E402
 
 
 def selects_gpu_tests(markexpr: str) -> bool:
@@ -78,18 +78,20 @@ def zygote_env_kept(request, rank_zygote):
     such a change is put back after the test, as the session began, with a warning."""
     yield
     path = os.environ.get(ZYGOTE_ENV)
-    if not path or not os.path.exists(path + ".env") or not read_served(path)["imported"]:
+    if not path or not os.path.exists(path + ".env"):
         return
-    why = refusal(path, checkout_first(launch_env()), sys.executable)
-    if why is None or not why.startswith("variables "):
+    served = read_served(path)
+    if not served["imported"]:
         return
-    for name in why.split()[1:]:
+    changed = differing_variables(served, checkout_first(launch_env()))
+    for name in changed:
         if name in rank_zygote:
             os.environ[name] = rank_zygote[name]
         else:
             os.environ.pop(name, None)
-    message = f"{request.node.nodeid} (or a test before it) changed {why}: put back"
-    warnings.warn(message, stacklevel=1)
+    if changed:
+        message = f"{request.node.nodeid} (or a test before it) changed {' '.join(changed)}"
+        warnings.warn(message + ": put back", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ from support.launch import (
     node_launch,
     shm_buffers,
 )
-from support.zygote import RANK_PIDS_ENV, serving
+from support.zygote import RANK_PIDS_ENV, read_pids, serving
 
 
 class Launch:
@@ -97,9 +97,7 @@ class Launch:
     def lean_rank_pids(self) -> list[int]:
         """The ranks support/node_launcher.py started, in rank order (none before it wrote
         them, or for a launch that is not lean)."""
-        if self.pid_file is None or not self.pid_file.exists():
-            return []
-        return [int(line) for line in self.pid_file.read_text().split()]
+        return [] if self.pid_file is None else read_pids(str(self.pid_file))
 
     def _find(self, needle: str) -> psutil.Process:
         for p in self.processes():

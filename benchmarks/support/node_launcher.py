@@ -27,7 +27,7 @@ import sys
 import psutil
 
 # a sibling script's: this one runs as a script too
-from zygote import RANK_PIDS_ENV, Forked, serving
+from zygote import RANK_PIDS_ENV, Forked, serving, write_pids
 
 # How long the ranks get after SIGTERM before SIGKILL (launch.py's terminate_process_tree).
 TERMINATE_WAIT_S = 30
@@ -119,13 +119,6 @@ def main(argv: list[str]) -> int:
             terminate(ranks)
             return rank.returncode
     return 0
-
-
-def write_pids(path: str, pids: list[int]) -> None:
-    """`pids` into `path` whole or not at all: a reader polling for it never sees half."""
-    with open(path + ".part", "w") as f:
-        f.write("".join(f"{pid}\n" for pid in pids))
-    os.replace(path + ".part", path)
 
 
 def next_exit(running: list) -> subprocess.Popen | Forked:

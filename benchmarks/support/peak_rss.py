@@ -20,7 +20,7 @@ from support.launch import (
     node_launch,
     remove_shm_buffers,
 )
-from support.zygote import RANK_PIDS_ENV, ZYGOTE_ENV
+from support.zygote import RANK_PIDS_ENV, ZYGOTE_ENV, read_pids
 
 
 def status_bytes(pid: int, field: str) -> int:
@@ -77,8 +77,8 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
     cmd, env = node_launch(
         ranks, port, args[0], [str(a) for a in args[1:]], launch_env(), lean=lean
     )
-    pid_file = log.with_name(log.name + ".pids")
-    if lean:
+    pid_file = log.with_name(log.name + ".pids") if lean else None
+    if pid_file is not None:
         env[RANK_PIDS_ENV] = str(pid_file)
     peaks: dict[int, int] = {}
     deadline = time.monotonic() + timeout
@@ -87,7 +87,7 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
         launcher = psutil.Process(proc.pid)
         try:
             while proc.poll() is None and time.monotonic() < deadline:
-                for pid in watched_pids(launcher, pid_file if lean else None):
+                for pid in watched_pids(launcher, pid_file):
                     peaks[pid] = max(peaks.get(pid, 0), status_bytes(pid, "VmHWM"))
                 time.sleep(0.1)
         finally:
@@ -103,10 +103,7 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
 
 def watched_pids(launcher: psutil.Process, pid_file: Path | None) -> list[int]:
     """The launch's rank pids: those support/node_launcher.py wrote to `pid_file` (forked
-    ranks are not its children; none until it has written them), else `rank_pids`."""
+    ranks are not its children), else `rank_pids`."""
     if pid_file is None:
         return [p.pid for p in rank_pids(launcher)]
-    try:
-        return [int(line) for line in pid_file.read_text().split()]
-    except FileNotFoundError:
-        return []
+    return read_pids(str(pid_file))

@@ -254,13 +254,19 @@ def serving(env: dict[str, str], python: str) -> str | None:
 
 
 def refusal(path: str, env: dict[str, str], python: str) -> str | None:
-    """Why the zygote at `path` cannot serve a process of `python` in `env`, or None: it runs
-    that Python and `env`'s `import_env` is the one it imported under, or that one with what
-    its imports set themselves (DeepSpeed sets PYTORCH_NVML_BASED_CUDA_CHECK on import: so
-    has a caller that imported it)."""
+    """Why the zygote at `path` cannot serve a process of `python` in `env`, or None."""
     served = read_served(path)
     if served["python"] != python:
         return f"python {python}"
+    differ = differing_variables(served, env)
+    return "variables " + " ".join(differ) if differ else None
+
+
+def differing_variables(served: dict, env: dict[str, str]) -> list[str]:
+    """The import-time variables of `env` that differ from those the zygote imported under
+    (`served`), but for what its imports set themselves where `env` holds that value
+    (DeepSpeed sets PYTORCH_NVML_BASED_CUDA_CHECK on import: so has a caller that imported
+    it)."""
     mine = import_env(env)
     for name, value in served["set_on_import"].items():
         if mine.get(name) == value:  # as the imports leave it either way: as before them
@@ -269,8 +275,24 @@ def refusal(path: str, env: dict[str, str], python: str) -> str | None:
             else:
                 del mine[name]
     theirs = served["env"]
-    differ = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
-    return "variables " + " ".join(differ) if differ else None
+    return sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
+
+
+def write_pids(path: str, pids: list[int]) -> None:
+    """`pids` into `path` (RANK_PIDS_ENV's file) whole or not at all: a reader polling for it
+    never sees half."""
+    with open(path + ".part", "w") as f:
+        f.write("".join(f"{pid}\n" for pid in pids))
+    os.replace(path + ".part", path)
+
+
+def read_pids(path: str) -> list[int]:
+    """The pids `write_pids` wrote to `path`, in rank order; none before it has."""
+    try:
+        with open(path) as f:
+            return [int(line) for line in f.read().split()]
+    except FileNotFoundError:
+        return []
 
 
 def read_served(path: str) -> dict:
@@ -296,9 +318,8 @@ def write_served(
     """What `serving` checks before a launcher asks: this Python, the import environment, and
     what the imports set in it themselves (known once `imported`)."""
     served = {"python": sys.executable, "env": env, "set_on_import": set_on_import}
-    served["imported"] = imported
     with open(path + ".env.tmp", "w") as f:
-        json.dump(served, f)
+        json.dump({**served, "imported": imported}, f)
     os.replace(path + ".env.tmp", path + ".env")
 
 
