@@ -18,6 +18,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_exte
 import pytest  # noqa: E402
 from helpers.compared_runs import compared_run
 from helpers.files import HELLASWAG_MINI
+from helpers.shared import SSH_MODULES, machine_turn, made_once, module_scheduling, shared_folder
 from support.faults import Launch  # noqa: E402
 from support.launch import (  # noqa: E402
     REPO,
@@ -46,7 +47,7 @@ def pytest_configure(config):
         os.environ.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
 
 
-def pytest_collection_modifyitems(config, items):
+def skip_gpu_tests(config, items) -> None:
     """GPU tests run only in `pytest -m gpu` on a machine with a GPU; said with the reason."""
     import torch
 
@@ -59,6 +60,36 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_collection_modifyitems(config, items):
+    # the sshd modules are the longest unit of work (~3 min on 2 cores): first, so that neither
+    # worker of `pytest -n 2` ends alone on them
+    items.sort(key=lambda item: item.path.name not in SSH_MODULES)
+    skip_gpu_tests(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n 2` (the README's command) gives each worker whole modules, so that a module
+    fixture (a trained run, a wheelhouse) is made once, and the modules that use the loopback
+    sshd to one worker (helpers.shared.ModuleScheduling)."""
+    if config.getvalue("dist") == "load":  # -n's default; another --dist is kept
+        return module_scheduling(config, log)
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under `pytest -n 2`, a test marked `alone` (its figures are timings) runs, fixtures and
+    all, while the other worker waits between its tests."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    alone = item.get_closest_marker("alone") is not None
+    both = Path(item.config.option.basetemp).parent  # xdist gives each worker a folder in it
+    with machine_turn(both / "machine", alone):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -97,8 +128,9 @@ def zygote_env_kept(request, rank_zygote):
 @pytest.fixture(scope="session")
 def shakespeare_dir(tmp_path_factory) -> Path:
     """The embedded Tiny Shakespeare corpus, tokenized once per test session."""
-    out = tmp_path_factory.mktemp("data") / "shakespeare"
-    run_python([str(REPO / "tools" / "prepare_data.py"), "--out_dir", str(out)], timeout=300)
+    out = shared_folder(tmp_path_factory, "data") / "shakespeare"
+    prepare = [str(REPO / "tools" / "prepare_data.py"), "--out_dir", str(out)]
+    made_once(out, lambda out: run_python(prepare, timeout=300).stdout)
     return out
 
 
@@ -108,20 +140,20 @@ def stage_run(shakespeare_dir, tmp_path_factory):
     ds_configs/zero{stage}.json (evaluations at 10, 20, 24, each with HellaSwag's score on
     tests/data/hellaswag_mini.jsonl), launched once per session on first use: test_train checks
     that it trained, test_export exports it. Read-only for its users."""
-    runs: dict[int, tuple[Path, str]] = {}
+
+    def launch(out: Path, stage: int) -> str:
+        args = tiny_run_args(
+            shakespeare_dir,
+            out,
+            deepspeed_config=f"ds_configs/zero{stage}.json",
+            max_iters=STAGE_RUN_ITERS,
+            hellaswag=HELLASWAG_MINI,
+        )
+        return run_deepspeed(args, num_gpus=2).stdout
 
     def get(stage: int) -> tuple[Path, str]:
-        if stage not in runs:
-            out = tmp_path_factory.mktemp(f"zero{stage}") / "run"
-            args = tiny_run_args(
-                shakespeare_dir,
-                out,
-                deepspeed_config=f"ds_configs/zero{stage}.json",
-                max_iters=STAGE_RUN_ITERS,
-                hellaswag=HELLASWAG_MINI,
-            )
-            runs[stage] = (out, run_deepspeed(args, num_gpus=2).stdout)
-        return runs[stage]
+        out = shared_folder(tmp_path_factory, f"zero{stage}") / "run"
+        return out, made_once(out, lambda out: launch(out, stage))
 
     return get
 
@@ -130,7 +162,7 @@ def stage_run(shakespeare_dir, tmp_path_factory):
 def runs(shakespeare_dir, tmp_path_factory):
     """runs(stage, **overrides) -> the out dir of a 2-rank run of that configuration, launched
     once per session (helpers/compared_runs.py): tests comparing runs share their baselines."""
-    root = tmp_path_factory.getbasetemp() / "compared_runs"
+    root = shared_folder(tmp_path_factory, "compared_runs")
     return lambda stage, **o: compared_run(shakespeare_dir, root, stage, **o)[0]
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch._dynamo
 from helpers.compared_runs import ITERS, WHOLE, compared_run
+from helpers.shared import shared_folder
 from support.runs import train_losses, val_losses
 
 from gpt_ds.observe.metrics import read_metrics
@@ -51,7 +52,7 @@ def test_a_machine_that_cannot_compile_warns_that_it_trains_eager(monkeypatch):
 @pytest.mark.slow
 def test_a_compiled_run_follows_the_eager_run(shakespeare_dir, tmp_path_factory):
     """Against the eager baseline other tests share (helpers.compared_runs' WHOLE, ZeRO-2)."""
-    root = tmp_path_factory.getbasetemp() / "compared_runs"  # shared with conftest's `runs`
+    root = shared_folder(tmp_path_factory, "compared_runs")  # conftest's `runs` too
     eager, eager_log = compared_run(shakespeare_dir, root, 2, **WHOLE)
     compiled, compiled_log = compared_run(shakespeare_dir, root, 2, **WHOLE, compile=True)
     assert "model compiled by torch.compile" in compiled_log

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers.compared_runs import BASE, WHOLE, assert_losses_close, compared_run
+from helpers.shared import shared_folder
 from helpers.sshd import sshd_fixture
 from helpers.system import Unavailable, ensure_packages
 from support.launch import REPO, VENV_BIN, free_port, launch_env, remove_shm_buffers, tiny_run_args
@@ -129,7 +130,7 @@ def test_two_nodes_over_openmpi_train_like_one_node(
 ):
     """launchers/openmpi.sh: preflight, .deepspeed_env, then `deepspeed --launcher openmpi`;
     the losses equal those of the same run under `deepspeed --num_gpus 2` on one node."""
-    root = tmp_path_factory.getbasetemp() / "compared_runs"  # shared with conftest's `runs`
+    root = shared_folder(tmp_path_factory, "compared_runs")  # conftest's `runs` too
     reference, _ = compared_run(shakespeare_dir, root, 2, **WHOLE)
     out, port = tmp_path / "out", free_port()
     env = launch_env()

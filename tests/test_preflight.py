@@ -419,6 +419,7 @@ def burn_in_lines(out: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its healthy nodes must measure alike: no other worker's ranks beside them
 def test_burn_in_flags_a_throttled_node_and_passes_a_healthy_set(ssh_loopback, tmp_path):
     """Issue 25: `--burn_in` launches gloo over three loopback nodes (each its own sshd, so one
     node's ranks can be throttled: its sshd in a cgroup with 20% of a core). Healthy: every

@@ -102,7 +102,8 @@ def test_a_second_launch_into_the_same_out_dir_is_refused(shakespeare_dir, launc
     out = tmp_path / "run"
     args = tiny_run_args(shakespeare_dir, out, max_iters=30, eval_interval=10, eval_iters=2)
     a = launch(args, "a", lean=True)
-    a.wait_for(lambda: (out / LOCK_NAME).exists(), "run A's lock")
+    # readable, not only there: the file is created, then its owner written
+    a.wait_for(lambda: LockOwner.read(out / LOCK_NAME) is not None, "run A's lock")
     holder = LockOwner.read(out / LOCK_NAME)
     assert holder.pid == a.rank(0).pid
     b = launch([*args, "--seed", "7"], "b", lean=True)
@@ -125,7 +126,7 @@ def test_a_killed_runs_lock_does_not_block_the_next_run(shakespeare_dir, launch,
     out = tmp_path / "run"
     args = tiny_run_args(shakespeare_dir, out, max_iters=1000, eval_interval=0)
     a = launch(args, "a", num_gpus=1)
-    a.wait_for(lambda: (out / LOCK_NAME).exists(), "the lock")
+    a.wait_for(lambda: LockOwner.read(out / LOCK_NAME) is not None, "the lock")
     pid = LockOwner.read(out / LOCK_NAME).pid
     a.proc.kill()
     a.finish()

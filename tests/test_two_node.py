@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers.compared_runs import BASE, ITERS, WHOLE, compared_run
+from helpers.shared import shared_folder
 from helpers.sshd import sshd_fixture
 from support.launch import (
     REPO,
@@ -132,7 +133,7 @@ def pdsh_env(tmp_path: Path, port: int) -> dict[str, str]:
 @pytest.fixture
 def single_node_reference(shakespeare_dir, tmp_path_factory) -> Path:
     """The same run as `deepspeed --num_gpus 2` on one node (shared with other tests)."""
-    root = tmp_path_factory.getbasetemp() / "compared_runs"  # shared with conftest's `runs`
+    root = shared_folder(tmp_path_factory, "compared_runs")  # conftest's `runs` too
     out, stdout = compared_run(shakespeare_dir, root, 2, **WHOLE)
     assert rank_lines(stdout) == {(0, 0), (1, 0)}, stdout[-3000:]
     return out
@@ -322,6 +323,9 @@ def rank_processes(out: Path) -> list[psutil.Process]:
     return found
 
 
+# alone: DeepSpeed's runner, signalled, runs `pkill -f "python -u -m deepspeed.launcher.launch"`
+# on every node, which kills the other worker's launches too
+@pytest.mark.alone
 def test_a_signal_to_a_pdsh_launch_saves_on_every_node_and_the_job_continues(
     ssh_loopback, shakespeare_dir, tmp_path
 ):

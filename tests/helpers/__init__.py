@@ -2,6 +2,8 @@
 
 - `sshd`: a private sshd on loopback addresses, for two-"node" tests.
 - `compared_runs`: 2-rank runs shared by the tests that compare them, one per configuration.
+- `shared`: what the two workers of `pytest -n 2` share: runs made once, the machine (`alone`),
+  whole modules to a worker.
 - `files`: every file of a folder with its SHA-256, for "byte-identical afterwards".
 - `messages`: `assert_names(message, *parts)`: an error names its field, flag, file and
   facts, each whole; tests assert those, not sentences, so a rewording breaks none.

@@ -1,6 +1,6 @@
 """Short 2-rank training runs that tests compare with each other (gradient accumulation against
 a larger micro-batch, activation checkpointing against none): each configuration is launched
-once per test session, whichever test module asks first, and shared read-only.
+once per test session, whichever test module (and worker) asks first, and shared read-only.
 
 Every run: a 2-layer, 64-wide GPT-2, block 64, fp32, dropout 0, 4 optimizer steps at a real
 learning rate (6e-3 from the first step), evaluations and checkpoints at steps 2 and 4
@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from support.launch import run_deepspeed, tiny_run_args
 from support.runs import consolidated_model, train_losses
+
+from helpers.shared import made_once
 
 ITERS = 4
 BASE = {
@@ -32,23 +34,19 @@ BASE = {
 }
 # the baseline most comparisons share: one micro-batch of 8 per step, 16 evaluation windows
 WHOLE = {"micro_batch_size": 8, "grad_accum": 1, "eval_iters": 2}
-_DONE: dict[tuple, tuple[Path, str]] = {}
 
 
 def compared_run(data_dir: Path, root: Path, stage: int, **overrides) -> tuple[Path, str]:
     """(out_dir, stdout) of the run of BASE + `overrides` under ds_configs/zero{stage}.json,
-    launched on first use (under `root`, a directory that outlives the test module)."""
-    key = (str(data_dir), stage, *sorted(overrides.items()))
-    if key not in _DONE:
-        name = f"zero{stage}_" + "_".join(f"{k}-{v}" for k, v in sorted(overrides.items()))
-        out = root / name
-        args = tiny_run_args(
-            data_dir,
-            out,
-            **{**BASE, "deepspeed_config": f"ds_configs/zero{stage}.json", **overrides},
-        )
-        _DONE[key] = (out, run_deepspeed(args).stdout)
-    return _DONE[key]
+    launched on first use in the session (under `root`: helpers.shared.shared_folder)."""
+    name = f"zero{stage}_" + "_".join(f"{k}-{v}" for k, v in sorted(overrides.items()))
+    config = {**BASE, "deepspeed_config": f"ds_configs/zero{stage}.json", **overrides}
+
+    def launch(out: Path) -> str:
+        return run_deepspeed(tiny_run_args(data_dir, out, **config)).stdout
+
+    out = root / name
+    return out, made_once(out, launch)
 
 
 def assert_losses_close(out_a: Path, out_b: Path, rel: float = 1e-5) -> dict[int, float]:

@@ -8,9 +8,12 @@ and those tests skip, naming the variable. Every such change in the tests goes t
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 OPT_IN = "GPT_DS_TEST_SYSTEM"
@@ -37,6 +40,18 @@ def check_allowed(what: str) -> None:
 def ensure_packages(packages: dict[str, str]) -> None:
     """apt-get install the Debian package of each missing tool (tool -> package), with the
     opt-in; Unavailable when one is missing and cannot or may not be installed."""
+    with _apt_lock():  # the other worker of `pytest -n 2` may be installing too
+        _install_missing(packages)
+
+
+@contextlib.contextmanager
+def _apt_lock():
+    with open(Path(tempfile.gettempdir()) / "gpt_ds_tests_apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _install_missing(packages: dict[str, str]) -> None:
     missing = sorted({pkg for tool, pkg in packages.items() if not have(tool)})
     if not missing:
         return

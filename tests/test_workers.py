@@ -1,0 +1,59 @@
+"""The suite's two workers (`pytest -n 2`, helpers/shared.py): a test marked `alone` runs while
+the other worker waits, what is made once is made once, and whole modules go to a worker (the
+sshd modules together)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from helpers.shared import SSH_MODULES, machine_turn, made_once, worker_unit
+
+
+def test_an_alone_test_waits_for_the_running_one_and_the_next_waits_for_it(tmp_path):
+    stem, events = tmp_path / "machine", []
+    running = threading.Event()
+
+    def other_worker() -> None:
+        with machine_turn(stem, alone=False):
+            running.set()
+            time.sleep(0.3)
+            events.append("other test ends")
+        with machine_turn(stem, alone=False):  # at once: the waiting alone test holds the gate
+            events.append("next test starts")
+
+    thread = threading.Thread(target=other_worker)
+    thread.start()
+    running.wait(timeout=5)
+    with machine_turn(stem, alone=True):
+        events.append("alone starts")
+        time.sleep(0.3)
+        events.append("alone ends")
+    thread.join(timeout=5)
+    assert events == ["other test ends", "alone starts", "alone ends", "next test starts"]
+
+
+def test_what_is_made_once_is_read_back_and_a_failed_make_is_retried(tmp_path):
+    made = []
+
+    def make(path):
+        made.append(path)
+        return f"made {len(made)}"
+
+    def fail(path):
+        raise RuntimeError("the run failed")
+
+    with pytest.raises(RuntimeError):
+        made_once(tmp_path / "run", fail)
+    assert made_once(tmp_path / "run", make) == "made 1"
+    assert made_once(tmp_path / "run", make) == "made 1"
+    assert made == [tmp_path / "run"]
+
+
+def test_a_worker_takes_whole_modules_and_the_sshd_modules_together():
+    faults = "tests/test_faults.py"
+    assert worker_unit(f"{faults}::test_resume_is_exact[zero1]") == faults
+    assert worker_unit(f"{faults}::test_universal_checkpoint_tool") == faults
+    units = {worker_unit(f"tests/{name}::test_x[a::b]") for name in SSH_MODULES}
+    assert units == {"sshd"}
