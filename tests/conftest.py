@@ -73,7 +73,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_xdist_make_scheduler(config, log):
     """`pytest -n 2` (the README's command) gives each worker whole modules, so that a module
     fixture (a trained run, a wheelhouse) is made once, and the modules that use the loopback
-    sshd to one worker (helpers.shared.ModuleScheduling)."""
+    sshd to one worker (helpers.shared.worker_unit)."""
     if config.getvalue("dist") == "load":  # -n's default; another --dist is kept
         return module_scheduling(config, log)
     return None
