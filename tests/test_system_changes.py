@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers.sshd import ssh_config_path
 from helpers.system import OPT_IN
 
@@ -77,8 +78,11 @@ NEED_CHANGES = [
 ]
 
 
+# alone: the other worker of `pytest -n 2` would otherwise mount or start the sshd meanwhile
+@pytest.mark.alone
 def test_without_the_opt_in_those_tests_skip_and_change_nothing(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != OPT_IN}
+    # a pytest of its own, not one more xdist worker
+    env = {k: v for k, v in os.environ.items() if k != OPT_IN and not k.startswith("PYTEST_XDIST")}
     before = machine_state()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", *NEED_CHANGES],
