@@ -18,7 +18,14 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_exte
 import pytest  # noqa: E402
 from helpers.compared_runs import compared_run
 from helpers.files import HELLASWAG_MINI
-from helpers.shared import SSH_MODULES, machine_turn, made_once, module_scheduling, shared_folder
+from helpers.shared import (
+    SSH_MODULES,
+    both_workers,
+    machine_turn,
+    made_once,
+    module_scheduling,
+    shared_folder,
+)
 from support.faults import Launch  # noqa: E402
 from support.launch import (  # noqa: E402
     REPO,
@@ -87,8 +94,7 @@ def pytest_runtest_protocol(item, nextitem):
         yield
         return
     alone = item.get_closest_marker("alone") is not None
-    both = Path(item.config.option.basetemp).parent  # xdist gives each worker a folder in it
-    with machine_turn(both / "machine", alone):
+    with machine_turn(both_workers(Path(item.config.option.basetemp)) / "machine", alone):
         yield
 
 

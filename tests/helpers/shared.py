@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 
 
+def both_workers(basetemp: Path) -> Path:
+    """The folder every worker sees: under xdist the one above a worker's base temp folder
+    (pytest-N/, holding popen-gw0/ and popen-gw1/), else the session's base temp folder."""
+    return basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+
+
 def shared_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
-    """`name` in the session's base temp folder, or under xdist in the folder above the
-    workers' own (pytest-N/, holding popen-gw0/ and popen-gw1/), which both see."""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    folder = root / name
+    """`name` in the folder both workers see, made."""
+    folder = both_workers(tmp_path_factory.getbasetemp()) / name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

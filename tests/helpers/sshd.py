@@ -18,7 +18,6 @@ root, no apt, no 127.0.0.2), the tests are skipped with the reason.
 from __future__ import annotations
 
 import atexit
-import fcntl
 import os
 import pwd
 import re
@@ -33,7 +32,7 @@ from pathlib import Path
 import pytest
 from support.launch import free_port
 
-from helpers.system import Unavailable, check_allowed, ensure_packages
+from helpers.system import Unavailable, check_allowed, ensure_packages, machine_lock
 
 SSHD = "/usr/sbin/sshd"
 PACKAGES = {SSHD: "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
@@ -219,8 +218,7 @@ class SshLoopback:
         if not path.parent.exists():
             path.parent.mkdir(mode=0o700)
             self._made_ssh_dir = True
-        with open(Path(tempfile.gettempdir()) / "gpt_ds_tests_ssh_config.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with machine_lock("ssh_config"):
             text = path.read_text() if path.exists() else ""
 
             def keep(m: re.Match) -> str:

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 OPT_IN = "GPT_DS_TEST_SYSTEM"
@@ -40,13 +41,15 @@ def check_allowed(what: str) -> None:
 def ensure_packages(packages: dict[str, str]) -> None:
     """apt-get install the Debian package of each missing tool (tool -> package), with the
     opt-in; Unavailable when one is missing and cannot or may not be installed."""
-    with _apt_lock():  # the other worker of `pytest -n 2` may be installing too
+    with machine_lock("apt"):  # the other worker of `pytest -n 2` may be installing too
         _install_missing(packages)
 
 
 @contextlib.contextmanager
-def _apt_lock():
-    with open(Path(tempfile.gettempdir()) / "gpt_ds_tests_apt.lock", "w") as lock:
+def machine_lock(name: str) -> Iterator[None]:
+    """Held by one process of this machine at a time (any test session, any worker): for
+    what is machine-wide, the packages and ~/.ssh/config."""
+    with open(Path(tempfile.gettempdir()) / f"gpt_ds_tests_{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
