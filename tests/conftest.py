@@ -88,8 +88,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under `pytest -n 2`, a test marked `alone` (its figures are timings) runs, fixtures and
-    all, while the other worker waits between its tests."""
+    """Under `pytest -n 2`, a test marked `alone` (its figures are timings, or it signals, reads
+    or changes what is machine-wide) runs, fixtures and all, while the other worker waits
+    between its tests."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return

@@ -41,8 +41,8 @@ def made_once(path: Path, make: Callable[[Path], str]) -> str:
 
 @contextlib.contextmanager
 def machine_turn(lock_stem: Path, alone: bool) -> Iterator[None]:
-    """Hold the machine for one test: shared with the other worker, or `alone` (a test whose
-    figures are timings). The gate keeps a waiting `alone` from being overtaken: a test takes
+    """Hold the machine for one test: shared with the other worker, or `alone` (timings,
+    machine-wide state). The gate keeps a waiting `alone` from being overtaken: a test takes
     the gate, then its hold, then lets the gate go; `alone` keeps the gate until it holds."""
     with open(f"{lock_stem}.gate", "w") as gate, open(f"{lock_stem}.hold", "w") as hold:
         fcntl.flock(gate, fcntl.LOCK_EX)
