@@ -22,7 +22,7 @@ from support.launch import STAGE_RUN_ITERS, TRAIN, run_deepspeed, run_python, ti
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.run.config import parse_args, validate
 from gpt_ds.run.lock import LOCK_NAME, LockOwner, OutDirHasRun
-from gpt_ds.run.plan import plan_run
+from gpt_ds.run.plan import plan_run, verify_resume
 
 
 def stage_args(data_dir: Path, out: Path, **more) -> list[str]:
@@ -89,6 +89,32 @@ def test_resume_auto_continues_the_newest_checkpoint(finished, stage_run, shakes
     assert plan_run(parse_args([*no_model, *weights, "--max_iters", "30"])).resume == plan.resume
     with pytest.raises(ConfigError, match="--init_from and --resume both given"):
         validate(parse_args([*no_model, *weights, "--resume", "latest"]))
+
+
+@pytest.mark.slow
+def test_a_resume_on_another_world_size_is_resolved_once(finished, shakespeare_dir, monkeypatch):
+    """The 2-rank run resumed by one process, its `final` damaged: planning, verifying and
+    falling back to iter_20 resolve the DeepSpeed config once; the engine's config loads a
+    universal checkpoint, and the config a checkpoint records is the run's own."""
+    from gpt_ds.run import plan as planning
+
+    calls = []
+    real = planning.resolve_ds_config
+    monkeypatch.setattr(
+        planning, "resolve_ds_config", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    largest = max((finished / "final").rglob("*.pt"), key=lambda p: p.stat().st_size)
+    with largest.open("r+b") as f:  # same size, other bytes: found by the checksums only
+        f.seek(100)
+        f.write(b"damaged")
+    argv = stage_args(shakespeare_dir, finished, resume="latest", grad_accum=2, max_iters=30)
+    plan = verify_resume(plan_run(parse_args(argv)))
+    assert plan.resume is not None and plan.resume.tag == "iter_20"
+    assert len(calls) == 1
+    assert plan.resumes_universal  # saved on 2 ranks, resumed on 1
+    assert plan.engine_config()["checkpoint"]["load_universal"] is True
+    assert "load_universal" not in plan.record()["deepspeed_config"].get("checkpoint", {})
+    assert plan.engine_config()["zero_optimization"] == plan.ds.config["zero_optimization"]
 
 
 def test_resume_auto_starts_an_out_dir_without_output(shakespeare_dir, tmp_path, capsys):

@@ -73,8 +73,6 @@ class RunSettings:
     """Global gradient-norm clip (gradient_clipping); 0 disables it."""
     precision: str | None = None
     """None or "auto": detect from the hardware; "bf16", "fp16" or "fp32": forced."""
-    load_universal: bool = False
-    """Resume from a universal checkpoint (checkpoint.load_universal): another world size."""
     hidden_size: int | None = None
     """The model's width (n_embd): ZeRO bucket sizes set to "auto" derive from it."""
 
@@ -139,7 +137,7 @@ _MONITOR_PACKAGES = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResolvedDsConfig:
     """A DeepSpeed config with every "auto" filled, and what was decided, for the run's log."""
 
@@ -198,8 +196,6 @@ def resolve_ds_config(
     r.monitors()
     r.host_syncs()
     r.leftover_autos()
-    if run.load_universal:
-        r.ds_config.setdefault("checkpoint", {})["load_universal"] = True
     if not r.problems:  # each filled value must satisfy the schema like a written one
         r.problems = [f'{p} (after filling "auto")' for p in validate_ds_config(r.ds_config)]
     if r.problems:

@@ -317,13 +317,11 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
 def run_settings(
     cfg: RunConfig,
     world_size: int | None = None,
-    load_universal: bool = False,
     hidden_size: int | None = None,
 ) -> RunSettings:
     """What the run decides for the DeepSpeed config (world size: the launcher's). The
     schedule's length is not here: it follows from the resolved batch (plan.deepspeed_config)."""
     return RunSettings(
-        load_universal=load_universal,
         hidden_size=hidden_size,
         world_size=world_size or dist.world_size(),
         micro_batch_size=cfg.micro_batch_size,

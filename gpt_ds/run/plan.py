@@ -63,6 +63,21 @@ class RunPlan:
     run_id: str = ""  # this launch, in every metrics record and checkpoint (run/lock.py)
     hellaswag: Rendered | None = None  # --hellaswag's examples, checked and rendered
 
+    @property
+    def resumes_universal(self) -> bool:
+        """The checkpoint it resumes was saved on another world size: the trainer converts it
+        to DeepSpeed's universal format and the engine loads it as one."""
+        return self.resume is not None and needs_universal(self.resume.manifest, dist.world_size())
+
+    def engine_config(self) -> dict[str, Any]:
+        """The config `deepspeed.initialize` gets: the resolved one, set to load a universal
+        checkpoint when the resume needs one (a fact of this launch, not of the run's config,
+        so a fall-back to another tag changes it without resolving again)."""
+        if not self.resumes_universal:
+            return self.ds.config
+        checkpoint = {**self.ds.config.get("checkpoint", {}), "load_universal": True}
+        return {**self.ds.config, "checkpoint": checkpoint}
+
     def record(self) -> dict[str, Any]:
         """The computed values a checkpoint's manifest keeps beside the run config; the batch
         split, precision and ZeRO stage are the manifest's own fields, not repeated here."""
@@ -90,10 +105,9 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     if resume is not None:  # the run keeps the checkpoint's model, vocabulary padding included
         shape = checkpoint_vocab(shape, resume.manifest.model)
         check_model(resume, asdict(shape))
-    universal = resume is not None and needs_universal(resume.manifest, dist.world_size())
     data = load_mix(cfg.data_dir, shape.tokens, shape.block_size)
     hellaswag = hellaswag_rows(cfg.hellaswag, shape.block_size) if cfg.hellaswag else None
-    ds = deepspeed_config(cfg, shape, universal, data.train_tokens)
+    ds = deepspeed_config(cfg, shape, data.train_tokens)
     length = run_length(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
     check_monitors(ds.config)
     check_not_past(resume, length)
@@ -128,9 +142,7 @@ def hellaswag_rows(path: str, block_size: int) -> Rendered:
     return data
 
 
-def deepspeed_config(
-    cfg: RunConfig, shape: ModelShape, universal: bool, train_tokens: int
-) -> ResolvedDsConfig:
+def deepspeed_config(cfg: RunConfig, shape: ModelShape, train_tokens: int) -> ResolvedDsConfig:
     """The run's DeepSpeed config: the preset with the monitor flags and the schedule, every
     "auto" filled from the run, resolved once: the schedule spans the run's length in steps,
     which a budget in tokens or epochs gets from the resolved batch (`run_length`)."""
@@ -146,7 +158,6 @@ def deepspeed_config(
     settings = run_settings(
         cfg,
         world_size=dist.world_size(),  # the launcher's, before the process group exists
-        load_universal=universal,
         hidden_size=shape.n_embd,
     )
 
@@ -253,13 +264,9 @@ def resume_instead(plan: RunPlan, ref: CheckpointRef) -> RunPlan:
     check_continuable(ref)
     check_model(ref, asdict(plan.shape))
     check_not_past(ref, plan.length)
-    world, ds = dist.world_size(), plan.ds
-    universal = needs_universal(ref.manifest, world)
-    if plan.resume is None or universal != needs_universal(plan.resume.manifest, world):
-        ds = deepspeed_config(plan.cfg, plan.shape, universal, plan.data.train_tokens)
-    for line in check_resume(ref, plan.cfg, ds, plan.shape, plan.data.identity()):
+    for line in check_resume(ref, plan.cfg, plan.ds, plan.shape, plan.data.identity()):
         dist.print0(line)
-    return dataclasses.replace(plan, resume=ref, ds=ds)
+    return dataclasses.replace(plan, resume=ref)
 
 
 def resume_checkpoint(

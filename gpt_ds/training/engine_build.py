@@ -210,7 +210,7 @@ def build_engine(plan: RunPlan):
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=param_groups(model, weight_decay),
-        config=ds.config,
+        config=plan.engine_config(),
         lr_scheduler=_own_scheduler(cfg, ds, plan.length.decay_iters),
     )
     if line := make_sync_free(engine, ds.precision):

@@ -30,7 +30,7 @@ from gpt_ds.base.dist import command_line, parent_pid
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.base.phases import phase
 from gpt_ds.checkpoint.checkpointer import Checkpointer
-from gpt_ds.checkpoint.manifest import Manifest, needs_universal
+from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.tags import CheckpointRef, latest_tag
 from gpt_ds.data.mixture import DataMix, MixtureWindows
 from gpt_ds.data.tokens import STREAM, GlobalSplit, TrainWindows
@@ -384,10 +384,10 @@ class Trainer:
         name = cfg.model_preset if init.is_scratch else init.describe()
         startup.run_summary(name, self.shape, ds, self.plan.data)
         resume = self.plan.resume
-        if resume is not None and needs_universal(resume.manifest, dist.world_size()):
+        if resume is not None and self.plan.resumes_universal:
             from gpt_ds.checkpoint.universal import convert_on_rank0  # another world size only
 
-            resume = convert_on_rank0(resume)  # the DeepSpeed config already loads universal
+            resume = convert_on_rank0(resume)  # plan.engine_config() loads it universal
         if wants_release(cfg.release_host_memory, dist.device().type, self.shape.num_params()):
             dist.print0(release_freed_blocks())  # every rank: before the model exists
         before = peak_memory_gib()  # the process itself: interpreter, imports, data
