@@ -149,12 +149,14 @@ class ResolvedDsConfig:
     grad_accum: int
     train_batch_size: int
     """micro_batch_size x grad_accum x world_size."""
+    lr: float
+    """The peak learning rate, as the optimizer section or the scheduler resolved it."""
+    min_lr: float
+    """The learning rate at the end of the schedule (the scheduler's own, e.g. its ratio)."""
+    warmup_iters: int
+    grad_clip: float
     notes: list[str] = field(default_factory=list)
     """Human-readable lines: each decision and where it came from."""
-    lr: float | None = None
-    min_lr: float | None = None
-    warmup_iters: int | None = None
-    grad_clip: float | None = None
 
     @property
     def zero_stage(self) -> int:

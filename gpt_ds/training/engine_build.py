@@ -225,9 +225,7 @@ def _own_scheduler(cfg: RunConfig, ds: ResolvedDsConfig, decay_iters: int):
     if cfg.lr_schedule != "wsd":
         return None
     fraction = cfg.wsd_decay_fraction
-    lr, min_lr, warmup = ds.lr, ds.min_lr, ds.warmup_iters
-    assert lr is not None and min_lr is not None and warmup is not None  # resolve_ds_config's
-    make, line = wsd_scheduler(lr, min_lr, warmup, decay_iters, fraction)
+    make, line = wsd_scheduler(ds.lr, ds.min_lr, ds.warmup_iters, decay_iters, fraction)
     dist.print0(line)
     return make
 
