@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.messages import assert_names
 from safetensors.torch import load_file
 from support.launch import REPO, launch_env, run_python
 
@@ -157,11 +158,12 @@ def test_bad_gguf_requests_are_refused_before_any_work(exported, tmp_path):
         return proc.stderr
 
     gguf_out = str(tmp_path / "m.gguf")
-    assert "writes one file: NAME.gguf" in fails("--format", "gguf", "--output", str(tmp_path))
-    assert "exists; pass --overwrite" in fails("--format", "gguf", "--output", str(files["fp32"]))
-    assert "--dtype q8_0 is for --format gguf only" in fails(
-        "--dtype", "q8_0", "--output", gguf_out
-    )
+    # each names the flag at fault and the fix or the format it needs
+    said = fails("--format", "gguf", "--output", str(tmp_path))
+    assert_names(said, f"--output {tmp_path}", "NAME.gguf")
+    said = fails("--format", "gguf", "--output", str(files["fp32"]))
+    assert_names(said, f"--output {files['fp32']}", "--overwrite")
+    assert_names(fails("--dtype", "q8_0", "--output", gguf_out), "--dtype q8_0", "--format gguf")
     assert not (tmp_path / "m.gguf").exists()
 
 
@@ -175,5 +177,5 @@ def test_without_the_gguf_package_it_says_how_to_install_it(exported, tmp_path):
            str(tmp_path / "m.gguf")]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "--format gguf needs the gguf package: pip install 'gpt_ds[gguf]'" in proc.stderr
+    assert_names(proc.stderr, "--format gguf", "pip install 'gpt_ds[gguf]'")  # the fix
     assert not (tmp_path / "m.gguf").exists()

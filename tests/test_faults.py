@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.messages import assert_names
 from helpers.system import mount, umount
 from support.faults import Launch
 from support.launch import REPO, launch_env, tiny_run_args
@@ -102,6 +103,12 @@ def assert_same_weights(out_a: Path, out_b: Path, tag: str = "final") -> None:
     assert wa.keys() == wb.keys()
     for name in wa:
         assert torch.equal(wa[name], wb[name]), f"{name} differs"
+
+
+def assert_save_failed(text: str, out: Path, cause: str) -> None:
+    """A failed save of iter_4 is said with the tag, the out dir, its cause and the free space
+    there, the intact checkpoint `latest` still names (iter_2), and the way on."""
+    assert_names(text, "'iter_4'", str(out), cause, "MiB", "`latest`", "iter_2", "--resume")
 
 
 def batch_loss(out: Path, tag: str, data_dir: Path, sequences: int, global_batch: int) -> float:
@@ -289,8 +296,9 @@ def test_sigkill_mid_save_keeps_the_previous_checkpoint(victims, shakespeare_dir
     assert run.shm() == run.shm_of([0] if victims == "rank 0" else [0, 1])
     run.cleanup()
     if victims == "rank 0":
-        assert "[rank 1] error: saving checkpoint 'iter_4'" in run.output
-        assert "another rank failed during the save" in run.output
+        (said,) = [line for line in run.output.splitlines() if "[rank 1] error:" in line]
+        assert_names(said, "'iter_4'", "--resume")  # the save that failed, and the way on
+        assert "another rank" in said  # the cause: rank 0's, not its own
         assert not partial.exists()
         return  # what is left is the "every rank" case minus the partial directory
 
@@ -419,9 +427,7 @@ def test_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(refs, launch,
         rc = run.finish()
         assert rc == 2, rc  # the ranks' own exit code for a gpt_ds error
         text = run.output
-        assert f"error: saving checkpoint 'iter_4' to {out} failed on rank" in text
-        assert "no space left on the device (" in text and "MiB free on that filesystem" in text
-        assert "`latest` still names the previous checkpoint (iter_2), which is intact" in text
+        assert_save_failed(text, out, "no space left")
         assert "Traceback" not in text
         assert latest(out) == "iter_2" and complete_tags(out) == ["iter_2"]
         assert not (out / "iter_4").exists()
@@ -458,10 +464,7 @@ def test_permission_error_while_saving_keeps_the_previous_checkpoint(refs, launc
         _chattr("-i", out)
     assert rc == 2, run.tail()
     text = run.output
-    assert f"error: saving checkpoint 'iter_4' to {out} failed on rank" in text, run.tail()
-    assert f"Operation not permitted: {out}/iter_4.partial (" in text
-    assert "MiB free on that filesystem" in text
-    assert "`latest` still names the previous checkpoint (iter_2), which is intact" in text
+    assert_save_failed(text, out, f"Operation not permitted: {out}/iter_4.partial")  # strerror
     assert "Traceback" not in text
     assert latest(out) == "iter_2" and complete_tags(out) == ["iter_2"]
     assert not list(out.glob("iter_4*"))
@@ -489,7 +492,7 @@ def test_read_only_out_dir_fails_before_training(shakespeare_dir, launch, tmp_pa
         out = ro / "out"
         run = launch(tiny_run_args(shakespeare_dir, out, **SMALL), "ro", num_gpus=1, lean=True)
         assert run.finish() == 2
-        assert f"error: --out_dir {out}: not writable (Read-only file system)" in run.output
+        assert_names(run.output, f"--out_dir {out}", "Read-only file system")  # strerror
         assert "rank 0/1" not in run.output  # failed before the process group and the model
     finally:
         umount(ro)
@@ -658,25 +661,23 @@ def test_universal_checkpoint_tool(refs, launch, tmp_path):
     args = ref.args(out, resume="iter_4_universal", max_iters=6, grad_accum=2)
     refused = launch(args, "damaged_universal", num_gpus=1, lean=True)
     assert refused.finish() == 2, refused.tail()
-    assert f"{largest} differs from its recorded sha256 checksum" in refused.output
+    assert_names(refused.output, largest, "sha256")
     assert "verified" not in refused.output
     assert tool("--tag", "iter_4").returncode == 0  # damaged: converted again
     assert file_digest(universal / largest) == manifest["checksums"][largest]
 
-    for args, message in [
-        (["--tag", "iter_6"], f"error: {out}/iter_6: incomplete checkpoint (no gpt_ds.json"),
-        (
-            ["--tag", "iter_9"],
-            f"error: --tag iter_9: no complete checkpoint with that tag in {out} "
-            "(complete tags: iter_4, iter_4_universal)",
-        ),
+    complete = "iter_4, iter_4_universal"
+    for args, named in [
+        (["--tag", "iter_6"], [f"{out}/iter_6", "gpt_ds.json"]),  # the tag, the file it lacks
+        (["--tag", "iter_9"], ["--tag iter_9", str(out), complete]),  # and the tags there are
     ]:
         proc = tool(*args)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert proc.returncode == 2, proc.stderr
+        assert_names(proc.stderr, *named)
     (out / "latest").unlink()
     proc = tool()
     assert proc.returncode == 2
-    assert "no `latest` file names a checkpoint; give --tag (complete tags: " in proc.stderr
+    assert_names(proc.stderr, "`latest`", "--tag", complete)
 
 
 # ---------------------------------------------------------------------------- 9. hangs

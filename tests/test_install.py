@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from helpers.messages import assert_names
 from support.launch import (
     REPO,
     free_port,
@@ -158,7 +159,7 @@ def test_hints_name_the_installed_commands(installed):
         cwd=work, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert "make it with: gpt-ds-prepare --out_dir nodata" in proc.stderr, proc.stderr
+    assert_names(proc.stderr, "--data_dir nodata", "gpt-ds-prepare --out_dir nodata")  # the fix
 
 
 def test_prepare_train_export_from_outside_the_checkout(installed):

@@ -127,4 +127,4 @@ def test_a_mixture_run_reports_each_source_and_resumes_exactly(
     # other weights are other data: a resume is refused, naming --init_from
     reweighted = [a.replace(":0.25", ":0.5").replace(":0.75", ":0.5") for a in resumed]
     reweighted.append("--allow_batch_change")  # one process here, two ranks saved it
-    assert "checkpoint was trained on other data" in train_fails(reweighted)
+    assert_names(train_fails(reweighted), f"{again}/iter_3", "--init_from")

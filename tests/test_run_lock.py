@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from helpers.messages import assert_names
 from support.launch import tiny_run_args
 
 from gpt_ds.checkpoint.tags import complete_tags
@@ -50,8 +51,9 @@ def test_a_live_local_run_holds_the_lock(tmp_path):
         acquire(out, "second")
     message = str(err.value)
     host = socket.gethostname()
-    assert f"is in use by run first (pid {os.getpid()} on host {host}, started " in message
-    assert f"kill -TERM {os.getpid()} on {host}" in message and "use another --out_dir" in message
+    # the out dir, who holds it (run, pid, host), and the ways on: the stop command, another dir
+    assert_names(message, f"--out_dir {out}", "first", str(os.getpid()), host)
+    assert_names(message, f"kill -TERM {os.getpid()} on {host}", "another --out_dir")
     first.release()
     assert not (out / LOCK_NAME).exists()
     acquire(out, "third").release()
@@ -109,7 +111,8 @@ def test_a_second_launch_into_the_same_out_dir_is_refused(shakespeare_dir, launc
     b = launch([*args, "--seed", "7"], "b", lean=True)
     assert b.finish(timeout=120) == 2, b.tail()
     assert a.proc.poll() is None, "run A ended before run B was refused"
-    assert f"error: --out_dir {out} is in use by {holder.describe()}" in b.output
+    (refusal,) = [line for line in b.output.splitlines() if "error:" in line]
+    assert_names(refusal, f"--out_dir {out}", holder.run_id, str(holder.pid))
     assert b.output.count("error:") == 1
     a.finish_ok()
     records = read_metrics(out)
