@@ -65,8 +65,8 @@ class RunPlan:
 
     @property
     def resumes_universal(self) -> bool:
-        """The checkpoint it resumes was saved on another world size: the trainer converts it
-        to DeepSpeed's universal format and the engine loads it as one."""
+        """The checkpoint it resumes is a universal one, or was saved on another world size
+        (the trainer converts it to one): the engine loads it as universal."""
         return self.resume is not None and needs_universal(self.resume.manifest, dist.world_size())
 
     def engine_config(self) -> dict[str, Any]:
