@@ -100,7 +100,7 @@ def test_the_batch_flags_show_the_defaults_the_resolution_uses():
     micro = cells["`--micro_batch_size MICRO_BATCH_SIZE`"]
     assert micro.startswith(f"`{DEFAULT_MICRO_BATCH}` (")
     assert cells["`--grad_accum GRAD_ACCUM`"].startswith(f"`{DEFAULT_GRAD_ACCUM}` (")
-    settings = RunSettings(world_size=2, max_iters=10)
+    settings = RunSettings(world_size=2, decay_iters=10)
     resolved = resolve_ds_config(load_ds_config(REPO / "ds_configs" / "zero2.json"), settings)
     assert resolved.config["train_micro_batch_size_per_gpu"] == DEFAULT_MICRO_BATCH
     assert resolved.config["gradient_accumulation_steps"] == DEFAULT_GRAD_ACCUM

@@ -23,7 +23,7 @@ STAGES = {"zero1": 1, "zero2": 2, "zero2_offload": 2, "zero3": 3, "zero3_offload
 
 
 def run_settings(**overrides) -> RunSettings:
-    values = dict(world_size=1, max_iters=2000, precision="fp32")
+    values = dict(world_size=1, decay_iters=2000, precision="fp32")
     values.update(overrides)
     return RunSettings(**values)
 
@@ -339,7 +339,7 @@ def test_all_resolution_problems_raised_together():
     cfg["bf16"]["enabled"] = cfg["fp16"]["enabled"] = True
     cfg["scheduler"]["params"]["total_num_steps"] = 500
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(cfg, run_settings(world_size=2, micro_batch_size=4, max_iters=10))
+        resolve_ds_config(cfg, run_settings(world_size=2, micro_batch_size=4, decay_iters=10))
     assert len(e.value.problems) == 4
 
 
@@ -358,7 +358,7 @@ def test_bad_run_values():
 def test_cli_values_fill_autos():
     run = run_settings(
         world_size=2, micro_batch_size=2, grad_accum=3, lr=1e-3, min_lr=2e-4,
-        warmup_iters=7, max_iters=50, grad_clip=0.5,
+        warmup_iters=7, decay_iters=50, grad_clip=0.5,
     )  # fmt: skip
     r = resolve_ds_config(zero2(), run)
     cfg = r.config
@@ -393,14 +393,27 @@ def test_batch_derivation(config_batch, world, expected):
 
 
 def test_short_run_warmup_at_least_one():
-    r = resolve_ds_config(zero2(), run_settings(max_iters=5))
+    r = resolve_ds_config(zero2(), run_settings(decay_iters=5))
     assert r.config["scheduler"]["params"]["warmup_num_steps"] == 1
 
 
 def test_warmup_longer_than_run_rejected():
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(zero2(), run_settings(max_iters=10, warmup_iters=20))
+        resolve_ds_config(zero2(), run_settings(decay_iters=10, warmup_iters=20))
     assert_names(problem(e, "warmup_num_steps 20"), "--warmup_iters", "10")
+
+
+def test_the_schedules_span_is_named_by_the_flag_it_comes_from():
+    """A span from a budget is its steps and that flag, not a --max_iters the user never gave."""
+    cfg = zero2()
+    cfg["scheduler"]["params"]["total_num_steps"] = 500
+    with pytest.raises(ConfigError) as e:
+        resolve_ds_config(cfg, run_settings(decay_iters=10, decay_from="--max_tokens"))
+    assert_names(problem(e, "scheduler.params.total_num_steps"), "500", "10", "--max_tokens")
+    assert not names(problems_of(e), "--max_iters")
+    with pytest.raises(ConfigError) as e:
+        resolve_ds_config(cfg, run_settings(decay_iters=10, decay_from="--lr_decay_iters"))
+    assert_names(problem(e, "scheduler.params.total_num_steps"), "--lr_decay_iters 10")
 
 
 def test_min_lr_conflicts_with_concrete_cos_min_ratio():
@@ -498,7 +511,7 @@ for name in sys.argv[1:]:
         model = GPT2LMHeadModel(
             GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128, n_positions=32)
         )
-        run = RunSettings(world_size=1, max_iters=4, micro_batch_size=2, precision="fp32")
+        run = RunSettings(world_size=1, decay_iters=4, micro_batch_size=2, precision="fp32")
         resolved = resolve_ds_config(load_ds_config(preset_path(name)), run, source=name)
         engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=resolved.config

@@ -99,7 +99,7 @@ class Model(torch.nn.Module):
 out = sys.argv[1]
 dist.init()
 model = Model()
-run = RunSettings(world_size=1, max_iters=4, micro_batch_size=2, precision="fp32")
+run = RunSettings(world_size=1, decay_iters=4, micro_batch_size=2, precision="fp32")
 resolved = resolve_ds_config(load_ds_config(preset_path("zero1")), run, source="zero1")
 engine, *_ = deepspeed.initialize(
     model=model, model_parameters=model.parameters(), config=resolved.config

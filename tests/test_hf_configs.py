@@ -43,13 +43,13 @@ TINY_WIDTH = resolve_shape("gpt2-tiny").n_embd
 # (gpt_ds's run, the same run as the HF Trainer's arguments), values written out on both sides
 RUNS = {
     "flags": (
-        dict(micro_batch_size=2, grad_accum=3, lr=1e-3, warmup_iters=7, max_iters=50,
+        dict(micro_batch_size=2, grad_accum=3, lr=1e-3, warmup_iters=7, decay_iters=50,
              grad_clip=0.5, hidden_size=TINY_WIDTH),
         dict(per_device_train_batch_size=2, gradient_accumulation_steps=3, learning_rate=1e-3,
              warmup_steps=7, max_steps=50, max_grad_norm=0.5, hidden=TINY_WIDTH),
     ),
     "defaults": (  # gpt_ds's defaults: micro 4, accumulation 1, lr 6e-4, warmup 100, clip 1
-        dict(max_iters=2000, hidden_size=768),
+        dict(decay_iters=2000, hidden_size=768),
         dict(per_device_train_batch_size=4, gradient_accumulation_steps=1, learning_rate=6e-4,
              warmup_steps=100, max_steps=2000, max_grad_norm=1.0, hidden=768),
     ),
@@ -123,7 +123,7 @@ def test_autos_filled_as_hf_trainer_fills_them(name, scheduler, run):
 
 def test_zero_sizes_follow_the_model_width():
     raw = hf_config("zero3")
-    r = resolve_ds_config(raw, RunSettings(world_size=2, max_iters=20, hidden_size=96))
+    r = resolve_ds_config(raw, RunSettings(world_size=2, decay_iters=20, hidden_size=96))
     zero = r.config["zero_optimization"]
     assert zero["reduce_bucket_size"] == 96 * 96
     assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 96 * 96)
@@ -134,7 +134,7 @@ def test_zero_sizes_follow_the_model_width():
 
 def test_zero_sizes_without_a_model_take_the_presets():
     """A tool resolving a config with no model: the presets' sizes, and the log says so."""
-    r = resolve_ds_config(hf_config("zero3"), RunSettings(world_size=1, max_iters=20))
+    r = resolve_ds_config(hf_config("zero3"), RunSettings(world_size=1, decay_iters=20))
     zero, preset = r.config["zero_optimization"], load_ds_config(preset_path("zero3"))
     sizes = ("reduce_bucket_size", "stage3_prefetch_bucket_size")
     for key in (*sizes, "stage3_param_persistence_threshold"):
@@ -149,7 +149,7 @@ def test_adamw_autos_are_the_presets_recipe(name):
 
 
 def test_every_filled_value_is_noted():
-    r = resolve_ds_config(hf_config("zero3"), RunSettings(world_size=1, max_iters=20, lr=1e-3))
+    r = resolve_ds_config(hf_config("zero3"), RunSettings(world_size=1, decay_iters=20, lr=1e-3))
     log = "\n".join(r.notes)
     assert 'optimizer: AdamW betas [0.9, 0.95], eps 1e-08, weight_decay 0.1 (were "auto"' in log
     assert "lr: WarmupLR, log warmup from 0 to 0.001 (--lr) over 2 warmup steps" in log
@@ -162,7 +162,7 @@ def test_schedule_keys_left_out_are_the_runs_not_deepspeeds_defaults(kind):
     """WarmupLR with no warmup_max_lr would run at DeepSpeed's 0.001 over its 1000 warmup
     steps while the log says --lr over --warmup_iters: left-out keys are filled as "auto"."""
     raw = hf_config("zero2", {"type": kind, "params": {}})
-    run = RunSettings(world_size=1, max_iters=20, lr=3e-4, warmup_iters=5)
+    run = RunSettings(world_size=1, decay_iters=20, lr=3e-4, warmup_iters=5)
     params = resolve_ds_config(raw, run).config["scheduler"]["params"]
     assert params["warmup_num_steps"] == 5
     if kind == "WarmupCosineLR":  # its peak is the optimizer's lr; the floor lr/10
@@ -177,7 +177,7 @@ def test_schedule_keys_left_out_are_the_runs_not_deepspeeds_defaults(kind):
 
 def test_precision_auto_is_what_this_machine_can_do():
     """fp16.enabled "auto" and no bf16 section: gpt_ds detects, where HF would read --fp16."""
-    r = resolve_ds_config(hf_config("zero2"), RunSettings(world_size=1, max_iters=20))
+    r = resolve_ds_config(hf_config("zero2"), RunSettings(world_size=1, decay_iters=20))
     detected, _ = detect_precision()
     assert r.precision == detected
     assert r.config["fp16"]["enabled"] is (detected == "fp16")
@@ -188,7 +188,7 @@ def test_filled_configs_parse_in_deepspeed():
     from deepspeed.runtime.config import DeepSpeedConfig
 
     for name in HF_CONFIGS:
-        run = RunSettings(world_size=1, max_iters=20, precision="fp32", hidden_size=64)
+        run = RunSettings(world_size=1, decay_iters=20, precision="fp32", hidden_size=64)
         parsed = DeepSpeedConfig(resolve_ds_config(hf_config(name), run).config)
         assert parsed.zero_config.reduce_bucket_size == (64 * 64 if name == "zero3" else 2e8)
         assert parsed.scheduler_name == "WarmupLR"
@@ -201,7 +201,7 @@ def test_filled_configs_parse_in_deepspeed():
 
 def problems(raw: dict, **run) -> str:
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(raw, RunSettings(world_size=1, max_iters=20, **run), source="hf.json")
+        resolve_ds_config(raw, RunSettings(world_size=1, decay_iters=20, **run), source="hf.json")
     return "\n".join(e.value.problems)
 
 
@@ -212,7 +212,7 @@ def test_min_lr_with_constant_warmup_lr_is_an_error():
 
 def test_warmup_decay_floor_from_min_lr_or_zero():
     raw = hf_config("zero2", HF_WARMUP_DECAY)
-    run = RunSettings(world_size=1, max_iters=20, lr=1e-3, min_lr=1e-4)
+    run = RunSettings(world_size=1, decay_iters=20, lr=1e-3, min_lr=1e-4)
     r = resolve_ds_config(raw, run)
     assert r.config["scheduler"]["params"]["warmup_min_lr"] == 1e-4 and r.min_lr == 1e-4
     assert any("then linear down to 0.0001 (--min_lr) at step 20" in n for n in r.notes)

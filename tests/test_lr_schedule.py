@@ -46,7 +46,9 @@ def deepspeed_lrs(schedule: str, steps: int) -> list[float]:
     """The lr after each of `steps` optimizer steps under `--lr_schedule schedule`."""
     raw = with_schedule(load_ds_config(preset_path("ds_configs/zero2.json")), schedule)
     min_lr = None if schedule in ("linear", "constant") else MIN_LR  # linear: to 0
-    settings = RunSettings(world_size=1, max_iters=TOTAL, lr=LR, min_lr=min_lr, warmup_iters=WARMUP)
+    settings = RunSettings(
+        world_size=1, decay_iters=TOTAL, lr=LR, min_lr=min_lr, warmup_iters=WARMUP
+    )
     section = resolve_ds_config(raw, settings, source="test").config["scheduler"]
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=LR)
     scheduler = getattr(lr_schedules, section["type"])(optimizer, **section["params"])

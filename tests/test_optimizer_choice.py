@@ -154,7 +154,7 @@ def test_this_machine_and_the_resolved_presets_say_which_adam_runs():
     assert adam_facts(offload=False) == AdamFacts("cpu")
     resolved = resolve_ds_config(
         load_ds_config(preset_path("ds_configs/zero2.json")),
-        RunSettings(world_size=1, max_iters=4, micro_batch_size=2, precision="fp32"),
+        RunSettings(world_size=1, decay_iters=4, micro_batch_size=2, precision="fp32"),
     )
     assert resolved.config["optimizer"]["params"]["torch_adam"] is True
     assert any(n.startswith("optimizer: torch AdamW (CPU ranks") for n in resolved.notes)
@@ -162,6 +162,6 @@ def test_this_machine_and_the_resolved_presets_say_which_adam_runs():
     raw["optimizer"]["params"]["bias_correction"] = True
     with pytest.raises(ConfigError) as e:
         resolve_ds_config(
-            raw, RunSettings(world_size=1, max_iters=4, micro_batch_size=2, precision="fp32")
+            raw, RunSettings(world_size=1, decay_iters=4, micro_batch_size=2, precision="fp32")
         )
     assert_names(str(e.value), "optimizer.params.bias_correction", "remove bias_correction")

@@ -99,7 +99,7 @@ def test_only_fp16_is_checked():
 
 
 def settings(precision: str | None) -> RunSettings:
-    return RunSettings(world_size=1, max_iters=20, precision=precision)
+    return RunSettings(world_size=1, decay_iters=20, precision=precision)
 
 
 def test_the_resolver_refuses_fp16_where_deepspeed_would():

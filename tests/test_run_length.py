@@ -75,6 +75,29 @@ def test_a_budget_run_resolves_its_deepspeed_config_once(shakespeare_dir, tmp_pa
     assert planned.ds.config["scheduler"]["params"]["total_num_steps"] == 10
 
 
+@pytest.mark.parametrize(
+    "length, named",
+    [
+        (["--max_iters", "1000", "--lr_decay_iters", "100"], "--lr_decay_iters"),
+        (["--max_iters", "100"], "--max_iters"),
+        (["--max_tokens", str(100 * 4 * 64)], "--max_tokens"),  # micro-batch 4 x block 64
+    ],
+)
+def test_a_warmup_past_the_schedule_names_the_flag_of_its_span(
+    length, named, shakespeare_dir, tmp_path
+):
+    """The warm-up, its 100-step schedule, and the flag that set that span."""
+    from gpt_ds.run.plan import plan_run
+
+    flags = ["--data_dir", str(shakespeare_dir), "--out_dir", str(tmp_path / "run"),
+             "--block_size", "64", "--micro_batch_size", "4", "--precision", "fp32",
+             "--warmup_iters", "200", *length]  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        plan_run(cfg(*flags))
+    (warmup,) = [p for p in e.value.problems if "--warmup_iters" in p]
+    assert_names(warmup, "200", "100", named)
+
+
 @pytest.mark.slow
 def test_a_run_trains_for_a_share_of_an_epoch(shakespeare_dir, tmp_path):
     train_tokens = json.loads((shakespeare_dir / "meta.json").read_text())["train_tokens"]

@@ -2,7 +2,7 @@
 
 cosine, linear and constant are DeepSpeed's own schedulers (WarmupCosineLR, WarmupDecayLR,
 WarmupLR): the flag replaces the config's `scheduler` section with one whose values are all
-"auto", which schedule.py fills from the run (--lr, --min_lr, --warmup_iters, --max_iters or
+"auto", which resolve.py fills from the run (--lr, --min_lr, --warmup_iters, --max_iters or
 --lr_decay_iters). DeepSpeed has no warmup-stable-decay schedule: `wsd` is a torch `LambdaLR`
 handed to `deepspeed.initialize` (whose checkpoints keep its step, so resume is exact): warmup
 to the peak, constant, then a linear decay to --min_lr over the last `--wsd_decay_fraction` of

@@ -1,7 +1,7 @@
 """DeepSpeed configs: load a preset, check it against the schema, fill "auto" from the run.
 
     raw = load_ds_config("ds_configs/zero2.json")            # every schema problem at once
-    resolved = resolve_ds_config(raw, RunSettings(world_size=2, max_iters=2000), source=path)
+    resolved = resolve_ds_config(raw, RunSettings(world_size=2, decay_iters=2000), source=path)
     deepspeed.initialize(model=..., config=resolved.config)  # no "auto" left
 
 Every "auto" a config written for the Hugging Face Trainer may hold is filled as the Trainer's
@@ -34,14 +34,14 @@ from gpt_ds.dsconfig.schema import validate_ds_config
 # launcher's world size), and the one check of those values. The run config (run/config.py)
 # builds it; resolving a DeepSpeed config reads it.
 
-# The command-line flag behind each RunSettings field, for messages ("... but --lr 3e-4 was given").
+# The command-line flag behind each RunSettings field, for messages ("... but --lr 3e-4 was given";
+# the schedule's span names its own, `RunSettings.decay_from`).
 CLI_FLAGS = {
     "micro_batch_size": "--micro_batch_size",
     "grad_accum": "--grad_accum",
     "lr": "--lr",
     "min_lr": "--min_lr",
     "warmup_iters": "--warmup_iters",
-    "max_iters": "--max_iters",
     "grad_clip": "--grad_clip",
     "precision": "--precision",
     "world_size": "world size",
@@ -65,9 +65,9 @@ class RunSettings:
     """Learning rate at the end of the cosine (scheduler cos_min_ratio = min_lr / lr)."""
     warmup_iters: int | None = None
     """Linear warmup steps (scheduler warmup_num_steps)."""
-    max_iters: int | None = None
+    decay_iters: int | None = None
     """Optimizer steps the schedule spans (scheduler total_num_steps): --lr_decay_iters, else
-    the run's steps. None: `resolve_ds_config`'s `decay_steps` gives them once the batch is
+    the run's length. None: `resolve_ds_config`'s `decay_steps` gives them once the batch is
     known (a budget in tokens or epochs)."""
     grad_clip: float | None = None
     """Global gradient-norm clip (gradient_clipping); 0 disables it."""
@@ -75,6 +75,21 @@ class RunSettings:
     """None or "auto": detect from the hardware; "bf16", "fp16" or "fp32": forced."""
     hidden_size: int | None = None
     """The model's width (n_embd): ZeRO bucket sizes set to "auto" derive from it."""
+    decay_from: str = "--lr_decay_iters"
+    """The flag the schedule's span comes from, for messages: --lr_decay_iters, or the one that
+    gives the run's length (--max_iters, --max_tokens, --max_epochs)."""
+
+    def flag(self, name: str) -> str:
+        """The command-line flag behind field `name`, for messages."""
+        return self.decay_from if name == "decay_iters" else CLI_FLAGS[name]
+
+    def given(self, name: str) -> str:
+        """Field `name`'s value as the user gave it: "--lr 0.001", or for a schedule spanning
+        a budget in tokens or epochs, its steps and that flag ("10 steps (from --max_tokens)")."""
+        value = getattr(self, name)
+        if name == "decay_iters" and self.decay_from not in ("--lr_decay_iters", "--max_iters"):
+            return f"{value} steps (from {self.decay_from})"
+        return f"{self.flag(name)} {value}"
 
     def problems(self) -> list[str]:
         """Every out-of-range value, named by its command-line flag: the one check of the run's
@@ -85,13 +100,13 @@ class RunSettings:
             value = getattr(self, name)
             if (value is None and optional) or (value is not None and ok(value)):
                 return
-            problems.append(f"{CLI_FLAGS[name]} must be {what}, got {value!r}")
+            problems.append(f"{self.flag(name)} must be {what}, got {value!r}")
 
         def positive_int(v) -> bool:
             return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
         check("world_size", positive_int, "a positive integer", optional=False)
-        check("max_iters", positive_int, "a positive integer")
+        check("decay_iters", positive_int, "a positive integer")
         check("micro_batch_size", positive_int, "a positive integer")
         check("grad_accum", positive_int, "a positive integer")
         check("warmup_iters", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
@@ -189,7 +204,7 @@ def resolve_ds_config(
     r = _Resolver(copy.deepcopy(raw), run, source)
     micro, accum, total = r.batch()
     if decay_steps is not None:
-        r.run = dataclasses.replace(run, max_iters=decay_steps(total))
+        r.run = dataclasses.replace(run, decay_iters=decay_steps(total))
     precision = r.precision()
     lr, min_lr, warmup = fill_optimizer_and_schedule(r)
     grad_clip = r.grad_clip()
@@ -234,12 +249,12 @@ class _Resolver:
         """The value for `key` and where it came from: the config if concrete, else the command
         line, else `default`. Concrete in both places and different: a problem."""
         run_value = getattr(self.run, run_field)
-        flag = CLI_FLAGS[run_field]
+        flag = self.run.flag(run_field)
         if is_set(ds_value):
             if run_value is not None and not _same(ds_value, run_value):
                 self.problems.append(
-                    f"{key} is {ds_value} in {self.source} but {flag} {run_value} was given; "
-                    f'remove one (or set {key} to "auto")'
+                    f"{key} is {ds_value} in {self.source} but {self.run.given(run_field)} was "
+                    f'given; remove one (or set {key} to "auto")'
                 )
             return ds_value, self.source
         if run_value is not None:
@@ -494,7 +509,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 DEFAULT_LR = 6e-4
 DEFAULT_MIN_LR_FRACTION = 0.1  # min_lr = lr / 10, as in GPT-3 / nanoGPT
-DEFAULT_MAX_WARMUP = 100  # warmup = min(100, max_iters // 10)
+DEFAULT_MAX_WARMUP = 100  # warmup = min(100, the schedule's span // 10)
 # gpt_ds's AdamW recipe (GPT-2/GPT-3), the values its presets set: fills "auto" at these keys.
 ADAMW_DEFAULTS: dict[str, Any] = {"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 _WARMUP_SCHEDULES = ("WarmupLR", "WarmupDecayLR")
@@ -521,8 +536,8 @@ def fill_optimizer_and_schedule(r: _Resolver) -> tuple[float, float, int]:
     kind = scheduler["type"] if scheduler is not None else None
     params = scheduler.setdefault("params", {}) if scheduler is not None else {}
 
-    steps = r.run.max_iters
-    assert steps is not None, "RunSettings.max_iters or resolve's decay_steps gives the length"
+    steps = r.run.decay_iters
+    assert steps is not None, "RunSettings.decay_iters or resolve's decay_steps gives the span"
     lr, lr_from = _peak_lr(r, opt_params, kind, params)
     min_lr, min_lr_from, start_lr = _min_lr(r, kind, params, lr)
     default_warmup = max(1, min(DEFAULT_MAX_WARMUP, steps // 10))
@@ -533,15 +548,15 @@ def fill_optimizer_and_schedule(r: _Resolver) -> tuple[float, float, int]:
         default_warmup,
     )
     total, _ = r.pick(
-        "scheduler.params.total_num_steps", params.get("total_num_steps"), "max_iters"
+        "scheduler.params.total_num_steps", params.get("total_num_steps"), "decay_iters"
     )
     if warmup == 0:
         warmup = 1
         r.notes.append("warmup: 0 given; DeepSpeed's warmup schedules need >= 1, using 1")
     if scheduler is not None and warmup > steps:
         r.problems.append(
-            f"warmup_num_steps {warmup} ({warmup_from}) exceeds the run's {steps} "
-            "steps (--max_iters): the learning rate would never reach its peak"
+            f"warmup_num_steps {warmup} ({warmup_from}) exceeds the {steps} steps the schedule "
+            f"spans ({r.run.decay_from}): the learning rate would never reach its peak"
         )
     if min_lr > lr:
         r.problems.append(f"min lr {min_lr} ({min_lr_from}) is above lr {lr} ({lr_from})")

@@ -51,6 +51,15 @@ def steps_asked(cfg: LengthFlags) -> int:
     return DEFAULT_MAX_ITERS if cfg.max_iters is None else cfg.max_iters
 
 
+def decay_flag(cfg: LengthFlags) -> str:
+    """The flag the schedule's span comes from: --lr_decay_iters, else the run's length flag."""
+    if cfg.lr_decay_iters is not None:
+        return "--lr_decay_iters"
+    if cfg.max_tokens is not None:
+        return "--max_tokens"
+    return "--max_epochs" if cfg.max_epochs is not None else "--max_iters"
+
+
 def run_length(cfg: LengthFlags, tokens_per_iter: int, train_tokens: int) -> RunLength:
     """The steps `cfg` asks for; a budget in tokens or epochs becomes whole steps of
     `tokens_per_iter` (all ranks), said in `line`."""

@@ -211,7 +211,7 @@ def preset_run(
     settings = RunSettings(
         world_size=hw.world_size,
         micro_batch_size=1,
-        max_iters=1,
+        decay_iters=1,
         precision="fp32",
         hidden_size=shape.n_embd,
     )

@@ -29,7 +29,7 @@ from gpt_ds.dsconfig.resolve import (
     DEFAULT_MICRO_BATCH,
     RunSettings,
 )
-from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS
+from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, decay_flag
 from gpt_ds.dsconfig.schema import PRESETS, preset_path
 from gpt_ds.model.gpt2 import MODEL_PRESETS, resolve_shape, shape_problems
 from gpt_ds.observe.metrics import RELEASE_CHOICES
@@ -331,6 +331,7 @@ def run_settings(
         warmup_iters=cfg.warmup_iters,
         grad_clip=cfg.grad_clip,
         precision=None if cfg.precision == "auto" else cfg.precision,
+        decay_from=decay_flag(cfg),
     )
 
 
