@@ -220,21 +220,30 @@ def python_files_of(*folders: str) -> list[Path]:
 
 def test_every_file_the_code_names_exists():
     """Docstrings and comments of gpt_ds/, benchmarks/ and tools/ name modules that exist: in
-    this repository (a path's tail is enough: `run/plan.py`, `plan.py`) or in DeepSpeed,
-    transformers, torch or tiktoken as installed, or with the other project named on the line."""
+    this repository (a path's tail is enough: `run/plan.py`, `plan.py`), or in DeepSpeed,
+    transformers, torch or tiktoken as installed with that package named on the line (its name
+    or its path: a bare `schedule.py` is not DeepSpeed's pipeline schedule), or with the other
+    project named on the line."""
     import sysconfig
 
     site = Path(sysconfig.get_paths()["purelib"])
-    known = [str(p.relative_to(REPO)) for p in python_files_of("gpt_ds", "benchmarks", "tools",
-                                                               "tests")]  # fmt: skip
-    for package in ("deepspeed", "transformers", "torch", "tiktoken_ext"):
-        known += [str(p.relative_to(site)) for p in (site / package).rglob("*.py")]
+    ours = [str(p.relative_to(REPO)) for p in python_files_of("gpt_ds", "benchmarks", "tools",
+                                                              "tests")]  # fmt: skip
+    theirs = {
+        package: [str(p.relative_to(site)) for p in (site / package).rglob("*.py")]
+        for package in ("deepspeed", "transformers", "torch", "tiktoken_ext")
+    }
+
+    def found(name: str, files: list[str]) -> bool:
+        return any(k == name or k.endswith("/" + name) for k in files)
+
     missing = []
     for path in python_files_of("gpt_ds", "benchmarks", "tools"):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if any(project in line for project in OTHER_PROJECTS):
                 continue
-            for name in ("".join(found) for found in NAMED_FILE.findall(line)):
-                if not any(k == name or k.endswith("/" + name) for k in known):
+            for name in ("".join(parts) for parts in NAMED_FILE.findall(line)):
+                named = [pkg for pkg, files in theirs.items() if pkg.split("_")[0] in line.lower()]
+                if not found(name, ours) and not any(found(name, theirs[p]) for p in named):
                     missing.append(f"{path.relative_to(REPO)}:{n}: {name}")
     assert missing == []

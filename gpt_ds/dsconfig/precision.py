@@ -97,10 +97,11 @@ def cuda_fp16_refusal(kind: str, capability: tuple[int, int]) -> str | None:
     """Why DeepSpeed's CUDA accelerator refuses fp16 on a `kind` GPU of compute `capability`
     (None where it accepts it), with what to use instead.
 
-    `accelerator/cuda_accelerator.py` `is_fp16_supported` answers False below capability 7.0
-    (fp16 on 6.x is deprecated; DS_ALLOW_DEPRECATED_FP16=1 lets 6.x through, and that answer
-    reaches `fp16_refusal` instead), and `deepspeed.initialize` then raises "Type fp16 is not
-    supported on your device." after the model is built. ROCm GPUs report capability >= 9.
+    DeepSpeed's `accelerator/cuda_accelerator.py` `is_fp16_supported` answers False below
+    capability 7.0 (fp16 on 6.x is deprecated; DS_ALLOW_DEPRECATED_FP16=1 lets 6.x through, and
+    that answer reaches `fp16_refusal` instead), and `deepspeed.initialize` then raises "Type
+    fp16 is not supported on your device." after the model is built. ROCm GPUs report
+    capability >= 9.
     """
     major, minor = capability
     if kind != "CUDA" or major >= 7:

@@ -412,8 +412,8 @@ class _Resolver:
     def overlap_comm(self) -> None:
         """`overlap_comm: "auto"` (the ZeRO-1/2 presets): on one rank there is no reduction to
         overlap with backward, and with it on DeepSpeed synchronizes the device at the end of
-        every backward (stage_1_and_2.py, on GPUs only): off there, on with several ranks. A
-        true or false in the config stands."""
+        every backward (deepspeed/runtime/zero/stage_1_and_2.py, on GPUs only): off there, on
+        with several ranks. A true or false in the config stands."""
         zero = self.ds_config.get("zero_optimization") or {}
         if zero.get("overlap_comm") != "auto":
             return

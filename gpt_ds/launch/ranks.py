@@ -1,8 +1,8 @@
 """How many ranks a one-machine launch starts, and which `deepspeed` runner flags say so.
 
 DeepSpeed's runner does not check a rank count against the devices: `--num_gpus N` becomes
-`list(range(N))` (`launcher/runner.py`, `apply_num_nodes_and_gpus`), so asking for 2 ranks on
-a 1-GPU machine starts a rank that dies on `cuda:1`. And `--num_gpus` makes it drop
+`list(range(N))` (`deepspeed/launcher/runner.py`, `apply_num_nodes_and_gpus`), so asking for 2
+ranks on a 1-GPU machine starts a rank that dies on `cuda:1`. And `--num_gpus` makes it drop
 CUDA_VISIBLE_DEVICES (it warns, then trains on GPUs 0..N-1, whoever they belong to). So the
 launchers (`launchers/env.sh`, `gpt_ds_rank_plan`) ask `plan_ranks` first, before any process
 starts: a pure function of the requested count, the visible-devices variables and the device

@@ -102,7 +102,7 @@ class DeepSpeedRun:
     precision: str
     activation_checkpointing: bool
     chunked_loss: bool = False
-    """The LM loss is computed in chunks (--loss chunked): no full logits (activations.py)."""
+    """The LM loss is computed in chunks (--loss chunked): no full logits (`logit_bytes`)."""
     zero: ZeroSettings = ZeroSettings()
     """Bucket, prefetch and persistence sizes; DeepSpeed 0.19's defaults unless given."""
     rank: int | None = None
