@@ -190,7 +190,8 @@ def check_same_data(ref: CheckpointRef, identity: dict[str, Any]) -> None:
     mixture.DataMix.identity, split sizes and input checksums, so moving a folder changes
     nothing; a mixture's names and weights too): resuming continues the same run (its
     training-window positions index that data); new data is a new run."""
-    saved = ref.manifest.data or {}  # recorded by every resumable one (batch.check_continuable)
+    saved = ref.manifest.data
+    assert saved is not None, "batch.check_continuable refuses a checkpoint without it"
     if saved == identity:
         return
     detail = ", ".join(
