@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.messages import assert_names
+from helpers.messages import assert_names, names
 from helpers.system import mount, umount
 from support.faults import Launch
 from support.launch import REPO, launch_env, tiny_run_args
@@ -106,9 +106,12 @@ def assert_same_weights(out_a: Path, out_b: Path, tag: str = "final") -> None:
 
 
 def assert_save_failed(text: str, out: Path, cause: str) -> None:
-    """A failed save of iter_4 is said with the tag, the out dir, its cause and the free space
-    there, the intact checkpoint `latest` still names (iter_2), and the way on."""
-    assert_names(text, "'iter_4'", str(out), cause, "MiB", "`latest`", "iter_2", "--resume")
+    """A failed save of iter_4 is said in one line with the tag, the out dir, its cause and the
+    free space there, the intact checkpoint `latest` still names (iter_2), and the way on."""
+    parts = ("'iter_4'", str(out), cause, "MiB", "`latest`", "iter_2", "--resume")
+    said = [line for line in text.splitlines() if "error:" in line and "'iter_4'" in line]
+    assert said, text[-4000:]
+    assert any(all(names(line, part) for part in parts) for line in said), said
 
 
 def batch_loss(out: Path, tag: str, data_dir: Path, sequences: int, global_batch: int) -> float:
