@@ -170,7 +170,7 @@ gpt_ds_write_ds_env() {
     while IFS= read -r name; do
         case $name in HIP_VISIBLE_DEVICES | CUDA_VISIBLE_DEVICES | ROCR_VISIBLE_DEVICES) continue ;; esac
         names+=("$name")
-    done < <(compgen -e | grep -E '^(NCCL_|HSA_|HIP_|RCCL_|MIOPEN_|TORCH_NCCL_|TORCH_DISTRIBUTED_|PYTORCH_)' || true)
+    done < <(compgen -e | grep -E '^(NCCL_|HSA_|HIP_|RCCL_|MIOPEN_|TORCH_NCCL_|TORCH_FR_|TORCH_DISTRIBUTED_|PYTORCH_)' || true)
     {
         echo "GPT_DS_ENV_FILE=launchers"
         # the interpreter's bin first (ninja for JIT builds, the deepspeed tools): see above

@@ -66,11 +66,17 @@ def test_the_timeout_starts_after_a_step_and_follows_the_steps(tmp_path):
 
 
 def test_nccls_flight_recorder_is_on_unless_the_user_set_it(tmp_path):
-    env = flight_recorder_env(tmp_path, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"})
-    assert env == {
+    """torch's own names (TORCH_FR_*: it warns about the older TORCH_NCCL_* ones on every rank,
+    even on gloo); a user's setting under either name is kept."""
+    dump = f"{tmp_path}/hang/nccl_trace_rank_"
+    assert flight_recorder_env(tmp_path, {}) == {
+        "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{tmp_path}/hang/nccl_trace_rank_",
+        "TORCH_FR_DUMP_TEMP_FILE": dump,
     }
+    for users in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        env = flight_recorder_env(tmp_path, {users: "100"})
+        assert env == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": dump}
 
 
 STALLED = """

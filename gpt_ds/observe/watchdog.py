@@ -143,16 +143,28 @@ class Watchdog:
         os._exit(HANG_EXIT_CODE)
 
 
+# torch's flight-recorder variables and the older names it still reads (and warns about)
+FLIGHT_RECORDER_OLD_NAMES = {
+    "TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+}
+
+
 def flight_recorder_env(out_dir: str | Path, environ) -> dict[str, str]:
-    """NCCL's flight recorder on by default (a user's own settings kept), its dump in
-    OUT_DIR/hang/ beside the stacks: torch records each rank's last collectives and writes
-    them when its NCCL watchdog times out. Ignored by gloo."""
+    """NCCL's flight recorder on by default (a user's own settings kept, under either name),
+    its dump in OUT_DIR/hang/ beside the stacks: torch records each rank's last collectives and
+    writes them when its NCCL watchdog times out. Ignored by gloo."""
     wanted = {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(Path(out_dir) / "hang" / "nccl_trace_rank_"),
+        "TORCH_FR_DUMP_TEMP_FILE": str(Path(out_dir) / "hang" / "nccl_trace_rank_"),
     }
-    return {k: v for k, v in wanted.items() if k not in environ}
+    given = set(environ)
+    return {
+        k: v
+        for k, v in wanted.items()
+        if k not in given and FLIGHT_RECORDER_OLD_NAMES.get(k) not in given
+    }
 
 
 def _claim(path: Path, text: str) -> bool:

@@ -72,7 +72,7 @@ args+=(-v "$(gpt_ds_setting EXT_VOLUME "gpt_ds_torch_extensions_$key"):/opt/torc
 knobs='NET_IF|USE_IB|SKIP_PREFLIGHT|HOSTFILE|GPUS_PER_NODE|NUM_GPUS|MIN_FREE_GB|DS_ENV_EXTRA|SSH_PORT'
 while IFS= read -r name; do
     args+=(-e "$name")
-done < <(compgen -e | grep -E "^((GPT_DS_)?($knobs)\$|NCCL_|GLOO_|HSA_|HIP_|RCCL_|MIOPEN_|TORCH_NCCL_|TORCH_DISTRIBUTED_|PYTORCH_|HF_|WANDB_|DEEPSPEED_TIMEOUT\$|CUDA_VISIBLE_DEVICES\$|OMP_NUM_THREADS\$|MASTER_ADDR\$|MASTER_PORT\$)" || true)
+done < <(compgen -e | grep -E "^((GPT_DS_)?($knobs)\$|NCCL_|GLOO_|HSA_|HIP_|RCCL_|MIOPEN_|TORCH_NCCL_|TORCH_FR_|TORCH_DISTRIBUTED_|PYTORCH_|HF_|WANDB_|DEEPSPEED_TIMEOUT\$|CUDA_VISIBLE_DEVICES\$|OMP_NUM_THREADS\$|MASTER_ADDR\$|MASTER_PORT\$)" || true)
 
 read -r -a extra <<<"$(gpt_ds_setting DOCKER_ARGS "")"
 exec docker run "${args[@]}" "${extra[@]}" "$image" "$@"
