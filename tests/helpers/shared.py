@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.system import file_lock
+
 
 def both_workers(basetemp: Path) -> Path:
     """The folder every worker sees: under xdist the one above a worker's base temp folder
@@ -31,8 +33,7 @@ def made_once(path: Path, make: Callable[[Path], str]) -> str:
     """`make(path)` the first time any worker asks for `path` this session; what it returned
     (a run's stdout, say), read back from beside `path` every time."""
     said = path.with_name(path.name + ".said")
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(path.with_name(path.name + ".lock")):
         if not said.exists():  # a make that raised left none: the next caller tries again
             text = make(path)
             said.write_text(text)

@@ -46,12 +46,17 @@ def ensure_packages(packages: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def machine_lock(name: str) -> Iterator[None]:
-    """Held by one process of this machine at a time (any test session, any worker): for
-    what is machine-wide, the packages and ~/.ssh/config."""
-    with open(Path(tempfile.gettempdir()) / f"gpt_ds_tests_{name}.lock", "w") as lock:
+def file_lock(path: Path) -> Iterator[None]:
+    """Held by one process at a time: an exclusive flock on `path`, made if missing."""
+    with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def machine_lock(name: str) -> contextlib.AbstractContextManager[None]:
+    """Held by one process of this machine at a time (any test session, any worker): for
+    what is machine-wide, the packages and ~/.ssh/config."""
+    return file_lock(Path(tempfile.gettempdir()) / f"gpt_ds_tests_{name}.lock")
 
 
 def _install_missing(packages: dict[str, str]) -> None:
