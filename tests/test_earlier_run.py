@@ -1,8 +1,9 @@
 """A launch never replaces another run's output (gpt_ds/run/lock.py): without `--resume`,
 an out dir holding a run is refused before any work, every file of it left byte-identical;
 `--resume auto` starts an empty out dir, continues the newest complete checkpoint, trains
-nothing (exit 0, nothing written) when that checkpoint is the run's last step, and refuses an
-out dir with output but no checkpoint. The requeue itself (auto, a signal, the same command
+nothing (exit 0, nothing written) when that checkpoint is the run's last step, and starts the
+run afresh over what a launch killed before its first checkpoint left (its metrics set aside,
+readable apart). The requeue itself (auto, a signal, the same command
 again, continuing exactly) is test_faults' SIGTERM-to-`deepspeed` test.
 
 Real runs: copies of the session's finished ZeRO-2 run (conftest.stage_run: iter_10, iter_20,
@@ -12,7 +13,10 @@ it, else one process, or planned in this process."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,9 @@ from helpers.files import file_hashes
 from helpers.messages import assert_names, names
 from support.launch import STAGE_RUN_ITERS, TRAIN, run_deepspeed, run_python, tiny_run_args
 
-from gpt_ds.base.errors import ConfigError
+from gpt_ds.base.errors import CheckpointError, ConfigError
+from gpt_ds.observe.metrics import read_attempts, read_metrics
+from gpt_ds.observe.plot import load_run
 from gpt_ds.run.config import parse_args, validate
 from gpt_ds.run.lock import LOCK_NAME, LockOwner, OutDirHasRun
 from gpt_ds.run.plan import plan_run, verify_resume
@@ -140,11 +146,13 @@ def test_resume_auto_starts_an_out_dir_without_output(shakespeare_dir, tmp_path,
         ("latest", "`latest` (naming iter_4)"),
     ],
 )
-def test_output_without_a_checkpoint_is_refused_with_and_without_auto(
-    leftover, named, shakespeare_dir, tmp_path
+def test_output_without_a_checkpoint_is_refused_without_resume_and_started_over_by_auto(
+    leftover, named, shakespeare_dir, tmp_path, capsys
 ):
-    """A crashed run's metrics, an interrupted save or a lone `latest`: a new run would mix
-    into it and auto has nothing to continue; both refused before any work, naming it."""
+    """A killed launch's metrics, an interrupted save or a lone `latest`: a new run without
+    --resume would mix into it and is refused, and so is plain --resume (nothing to continue);
+    --resume auto starts the run afresh, saying so in one line that names what is there. The
+    plan moves nothing: the trainer sets the metrics aside once the out dir is locked."""
     out = tmp_path / "run"
     out.mkdir()
     if leftover == "metrics.jsonl":
@@ -153,16 +161,23 @@ def test_output_without_a_checkpoint_is_refused_with_and_without_auto(
         (out / leftover).write_text("iter_4")
     else:
         (out / leftover).mkdir()
-    for resume in (None, "auto"):
-        cfg = parse_args(tiny_run_args(shakespeare_dir, out, resume=resume))
-        with pytest.raises(OutDirHasRun) as refused:
-            plan_run(cfg)
-        message = str(refused.value)
-        assert_names(message, f"--out_dir {out}", named, "another --out_dir")
-        if resume is None:  # nothing to continue: --resume is not offered
-            assert not names(message, "--resume")
-        else:  # the flag that found nothing to continue
-            assert_names(message, "--resume auto")
+    cfg = parse_args(tiny_run_args(shakespeare_dir, out))
+    with pytest.raises(OutDirHasRun) as refused:
+        plan_run(cfg)
+    message = str(refused.value)
+    assert_names(message, f"--out_dir {out}", named, "another --out_dir")
+    assert not names(message, "--resume")  # nothing to continue: --resume is not offered
+    with pytest.raises(CheckpointError) as refused:
+        plan_run(parse_args(tiny_run_args(shakespeare_dir, out, resume=True)))
+    assert_names(str(refused.value), "--resume", str(out), "--resume auto")
+
+    capsys.readouterr()
+    plan = plan_run(parse_args(tiny_run_args(shakespeare_dir, out, resume="auto")))
+    assert plan.resume is None
+    (said,) = [line for line in capsys.readouterr().out.splitlines() if "--resume auto" in line]
+    assert_names(said, str(out), named, "afresh")
+    if leftover == "metrics.jsonl":  # no record names a run id: the file's time stamp does
+        assert re.search(r"metrics move to metrics\.jsonl\.attempt-\d{8}-\d{6},", said), said
     assert sorted(p.name for p in out.iterdir()) == [leftover]
 
 
@@ -170,3 +185,48 @@ def gone_owner() -> dict:
     """A lock owner on this host whose process is gone (pid 2**22 + 1 is above pid_max)."""
     owner = LockOwner.this_process("x")
     return {**owner.__dict__, "pid": 2**22 + 1, "identity": None}
+
+
+@pytest.mark.slow
+def test_a_requeue_after_a_kill_before_the_first_checkpoint_starts_afresh(
+    shakespeare_dir, launch, tmp_path
+):
+    """Two launches of one command (--resume auto, 2 ranks, --save_interval 200) into a fresh
+    out dir, the first SIGKILLed (every process, as a lost node does) after a few iterations,
+    before its first checkpoint: the second starts afresh and trains to the end (exit 0),
+    logging each iteration once; the first's records are kept apart (read_attempts, the plot)
+    and equal the second's where both trained: the same run from the same seed."""
+    out = tmp_path / "run"
+    args = tiny_run_args(shakespeare_dir, out, resume="auto", save_interval=200, max_iters=8)
+    first = launch(args, "killed")  # DeepSpeed's launcher and its ranks: one process group
+    first.wait_for(lambda: len(logged_iters(out)) >= 3, "three logged iterations")
+    first.processes()
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    assert first.finish() != 0
+    assert not list(out.glob("*/gpt_ds.json")) and (out / LOCK_NAME).exists()
+    killed = read_metrics(out, tolerate_partial_last_line=True)
+    killed_id = killed[0]["run_id"]
+
+    second = launch(args, "requeued", lean=True).finish_ok()
+    (said,) = [line for line in second.output.splitlines() if line.startswith("--resume auto:")]
+    assert_names(said, str(out), "metrics.jsonl", "afresh", f"metrics.jsonl.attempt-{killed_id}")
+    assert logged_iters(out) == list(range(1, 9))
+    assert sorted(p.parent.name for p in out.glob("*/gpt_ds.json")) == ["final"]
+    attempts = read_attempts(out)
+    assert list(attempts) == [killed_id]
+    before = {r["iter"]: r["loss"] for r in attempts[killed_id] if r.get("kind") == "train"}
+    now = {r["iter"]: r["loss"] for r in read_metrics(out) if r.get("kind") == "train"}
+    assert len(before) >= 3 and before == {i: now[i] for i in before}
+    assert {r["run_id"] for r in read_metrics(out)} == {second_run_id(out)} != {killed_id}
+    plotted = load_run(out)
+    assert plotted.train_iters == list(range(1, 9))
+    assert plotted.attempts == {killed_id: (sorted(before), [before[i] for i in sorted(before)])}
+
+
+def logged_iters(out: Path) -> list[int]:
+    records = read_metrics(out, tolerate_partial_last_line=True)
+    return [r["iter"] for r in records if r.get("kind") == "train"]
+
+
+def second_run_id(out: Path) -> str:
+    return json.loads((out / "final" / "gpt_ds.json").read_text())["run_id"]

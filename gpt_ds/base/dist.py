@@ -344,44 +344,58 @@ def any_rank(flag: bool) -> bool:
 
 
 class DelayedAny:
-    """Whether any rank raised a flag, agreed on one step late so no rank waits for the answer:
-    `vote(flag)` starts this step's all-reduce and returns the previous step's outcome, which
-    has long arrived (read through pinned memory and an event on a GPU: no drained queue).
-    Every rank votes at the same points, so every rank gets the same answers."""
+    """Whether any rank raised each of a few flags, agreed on one step late so no rank waits for
+    the answer: `vote(*flags)` starts this step's all-reduce and returns the previous step's
+    outcome, which has long arrived (read through pinned memory and an event on a GPU: no
+    drained queue). Every rank votes at the same points, so every rank gets the same answers.
 
-    def __init__(self) -> None:
+    The flags travel as one number (a fill, one all-reduce): flag i counts (world size + 1)^i,
+    so the sum over ranks holds each flag's count of ranks as one digit in base world size + 1.
+    """
+
+    def __init__(self, flags: int = 1) -> None:
+        self.flags = flags
         self.pending: tuple | None = None  # (work, value on the host, copy's event or None)
 
-    def vote(self, flag: bool) -> bool:
-        """This step's `flag` in; the previous step's agreement out (False the first time).
-        One process: the flag itself, at once."""
-        if not (tdist.is_initialized() and world_size() > 1):
-            return flag
+    @property
+    def lag(self) -> int:
+        """Steps from a vote to its outcome: 1 across ranks, 0 in one process."""
+        return 1 if tdist.is_initialized() and world_size() > 1 else 0
+
+    def vote(self, *flags: bool) -> tuple[bool, ...]:
+        """This step's flags in; the previous step's agreement out (all False the first time).
+        One process: the flags themselves, at once."""
+        assert len(flags) == self.flags, (flags, self.flags)
+        if not self.lag:
+            return tuple(bool(f) for f in flags)
         previous = self.settle()
-        t = torch.full((1,), 1.0 if flag else 0.0, device=device())  # a fill: no copy, no wait
-        work = tdist.all_reduce(t, op=tdist.ReduceOp.MAX, async_op=True)
+        base = world_size() + 1
+        packed = float(sum(base**i for i, f in enumerate(flags) if f))
+        t = torch.full((1,), packed, dtype=torch.float64, device=device())  # a fill: no copy
+        work = tdist.all_reduce(t, op=tdist.ReduceOp.SUM, async_op=True)
         if t.device.type == "cpu":
             self.pending = (work, t, None)
             return previous
         work.wait()  # a GPU stream waits for the all-reduce, the host does not
-        host = torch.empty(1, pin_memory=True)
+        host = torch.empty(1, dtype=torch.float64, pin_memory=True)
         host.copy_(t, non_blocking=True)
         event = torch.Event(t.device.type)
         event.record()
         self.pending = (None, host, event)
         return previous
 
-    def settle(self) -> bool:
-        """The outcome of the vote in flight now (False if none); it is then over."""
+    def settle(self) -> tuple[bool, ...]:
+        """The outcome of the vote in flight now (all False if none); it is then over."""
         if self.pending is None:
-            return False
+            return (False,) * self.flags
         work, value, event = self.pending
         self.pending = None
         if work is not None:
             work.wait()
         if event is not None:
             event.synchronize()  # only as far as the copy, queued one step ago
-        return value.tolist()[0] > 0
+        total, base = round(value.tolist()[0]), world_size() + 1
+        return tuple((total // base**i) % base > 0 for i in range(self.flags))
 
 
 def shm_buffer_paths() -> list[Path]:

@@ -7,7 +7,8 @@ tokens seen, and tokens/s; several runs are overlaid, one colour each.
 
 A run that is still training can be plotted (its unfinished last line is left out). After a
 crash and --resume the newer launch's records replace the older ones from the iteration it
-resumed at. Needs matplotlib: pip install 'gpt_ds[plot]'.
+resumed at; a launch killed before its first checkpoint (the run then started afresh by
+--resume auto) is drawn dotted beside it. Needs matplotlib: pip install 'gpt_ds[plot]'.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def plot(opts: PlotOptions) -> None:
             f"{run.label}: {len(run.train_iters)} train and {len(run.eval_iters)} eval points "
             f"from {run.path}"
         )
+        for run_id, (iters, _) in run.attempts.items():
+            print(f"{run.label}: killed attempt {run_id}, {len(iters)} train points (dotted)")
     print(f"wrote {path}")
 
 

@@ -467,6 +467,53 @@ def rewind(out_dir: str | Path, iteration: int) -> int:
     return len(drop)
 
 
+ATTEMPT_PREFIX = f"{METRICS_FILE}.attempt-"  # + the run id of a launch that left no checkpoint
+
+
+def attempt_file(out_dir: str | Path) -> Path | None:
+    """Where `set_aside_attempt` would move metrics.jsonl (named by the run id of its last
+    record; its time stamp where no record has one), or None when there is no such file."""
+    path = Path(out_dir) / METRICS_FILE
+    if not path.is_file():
+        return None
+    ids = [r.get("run_id") for r in _records_of(path) if isinstance(r, dict)]
+    name = next((i for i in reversed(ids) if isinstance(i, str) and i), None)
+    name = name or time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+    aside, n = path.with_name(ATTEMPT_PREFIX + name), 1
+    while aside.exists():  # a run id is unique; a time stamp need not be
+        n += 1
+        aside = path.with_name(f"{ATTEMPT_PREFIX}{name}.{n}")
+    return aside
+
+
+def set_aside_attempt(out_dir: str | Path) -> Path | None:
+    """Move metrics.jsonl, the records of a launch killed before its first checkpoint, to
+    `attempt_file`'s name, so the run started afresh logs each iteration once and the killed
+    attempt's records stay readable apart (`read_attempts`). Returns the new path."""
+    aside = attempt_file(out_dir)
+    if aside is not None:
+        os.replace(Path(out_dir) / METRICS_FILE, aside)
+    return aside
+
+
+def read_attempts(out_dir: str | Path) -> dict[str, list[dict]]:
+    """The records of each launch that was set aside (killed before its first checkpoint, the
+    run then started afresh), keyed by run id, oldest first; torn lines skipped."""
+    files = sorted(Path(out_dir).glob(ATTEMPT_PREFIX + "*"), key=lambda f: f.stat().st_mtime)
+    return {f.name.removeprefix(ATTEMPT_PREFIX): _records_of(f) for f in files}
+
+
+def _records_of(path: Path) -> list[dict]:
+    """The JSON records of a metrics file, lines that are not JSON (a torn last line) skipped."""
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
 KINDS = ("train", "eval", "event")
 
 

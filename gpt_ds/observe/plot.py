@@ -14,7 +14,9 @@ line instead of rescaling the whole run.
 
 Crashes and resumes: a launch that starts at iteration s replaces what earlier launches logged
 after s (the newer launch's records win; a dead branch's later records are dropped), and an
-iteration logged twice keeps its last record.
+iteration logged twice keeps its last record. A launch killed before its first checkpoint,
+the run then started afresh by --resume auto, is drawn apart (dotted, by iteration): its
+records are in metrics.jsonl.attempt-<run id>.
 
 matplotlib (the `plot` extra) is imported only by `draw`, so loading stays light.
 """
@@ -30,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from gpt_ds.base.errors import GptDsError
-from gpt_ds.observe.metrics import read_metrics, record_kind
+from gpt_ds.observe.metrics import read_attempts, read_metrics, record_kind
 
 INSTALL_HINT = "pip install 'gpt_ds[plot]'"
 HELLASWAG = "hellaswag_acc_norm"  # an eval record's HellaSwag score (training/hellaswag.py)
 SOURCE_PREFIX = "val_loss/"  # a mixture's per-source val loss in metrics.jsonl (metrics.py)
+ATTEMPT_LABEL = "killed before its first checkpoint (run restarted)"
 SOURCE_MARKERS = ("s", "^", "v", "D", "P", "X", "*", "<", ">")  # one per source, in order
 
 
@@ -55,6 +58,9 @@ class RunSeries:
     """A mixture's val loss of each source (`val_loss/<name>`), at eval_iters."""
     hellaswag: list[float] = field(default_factory=list)
     """HellaSwag acc_norm at eval_iters (NaN where not scored); empty without --hellaswag."""
+    attempts: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
+    """Launches killed before their first checkpoint, the run then started afresh: run id ->
+    (iterations, train losses), drawn apart from the run (metrics.jsonl.attempt-<run id>)."""
 
 
 @dataclass
@@ -201,7 +207,18 @@ def load_run(out_dir: str | Path, label: str | None = None) -> RunSeries:
         val_loss=[float(r["val_loss"]) for r in evals],
         val_by_source=_by_source(evals),
         hellaswag=_hellaswag(evals),
+        attempts=_attempts(Path(out_dir)),
     )
+
+
+def _attempts(out_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
+    """The train curve of each killed attempt set aside in `out_dir` (none logged: left out)."""
+    curves = {}
+    for run_id, records in read_attempts(out_dir).items():
+        train = latest_records(_kinds([r for r in records if isinstance(r, dict)], "train"))
+        if train:
+            curves[run_id] = ([int(r["iter"]) for r in train], [float(r["loss"]) for r in train])
+    return curves
 
 
 def _hellaswag(evals: list[dict]) -> list[float]:
@@ -305,6 +322,8 @@ def _decorate(fig, axes: tuple, runs: list[RunSeries], window: int, log_y: bool)
         Line2D([], [], color="0.35", ls=":", marker=marker, ms=4, label=f"val: {name}")
         for name, marker in zip(sources, SOURCE_MARKERS, strict=False)
     ]
+    if any(run.attempts for run in runs):
+        styles.append(Line2D([], [], color="0.35", ls=":", lw=1, label=ATTEMPT_LABEL))
     run_lines = by_iter.get_legend_handles_labels()[0] if len(runs) > 1 else []
     by_iter.legend(handles=run_lines + styles, fontsize="small")
     for ax, xlabel, title in (
@@ -335,7 +354,8 @@ def draw(
     and against tokens seen on top, tokens/s against iterations below (beside HellaSwag's
     acc_norm for runs scored with --hellaswag), one colour per run. Each line's gid is
     "LABEL/train", "LABEL/train_raw", "LABEL/val", "LABEL/tokens_per_sec" or
-    "LABEL/hellaswag" (tests read the plotted data back by it)."""
+    "LABEL/hellaswag" (tests read the plotted data back by it); a killed attempt's train loss,
+    on the iteration axis only, "LABEL/attempt/RUN_ID"."""
     Figure, FigureCanvasAgg, _, _ = _matplotlib()
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)  # attaches itself: savefig renders with Agg, no display needed
@@ -351,6 +371,9 @@ def draw(
         color = f"C{i % 10}"
         _draw_losses(axes[0], run, run.train_iters, run.eval_iters, color, smooth_window)
         _draw_losses(axes[1], run, run.train_tokens, run.eval_tokens, color, smooth_window)
+        for run_id, (iters, losses) in run.attempts.items():
+            gid = f"{run.label}/attempt/{run_id}"
+            axes[0].plot(iters, losses, color=color, ls=":", lw=1, alpha=0.7, gid=gid)
         gid = f"{run.label}/tokens_per_sec"
         axes[2].plot(run.train_iters, run.tokens_per_sec, color=color, lw=1.4, gid=gid)
         if hellaswag is not None and run.hellaswag:

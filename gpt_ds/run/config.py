@@ -174,6 +174,14 @@ class RunConfig:
         "Checkpoint every N iterations; 0 = only at the end (and on a stop request). "
         "Default: --eval_interval.",
     )
+    save_every_minutes: float | None = option(
+        None,
+        "Also checkpoint once M minutes of training have passed since the last save, so a "
+        "hard kill (SIGKILL, a lost node) loses at most about M minutes; these are iter_* tags, "
+        "counted by --keep_last. Every rank agrees on the iteration in the step's existing vote "
+        "(no extra sync). Default: off.",
+        metavar="M",
+    )
     eval_iters: int = option(
         20,
         "Evaluation batches: eval_iters x micro_batch_size x grad_accum fixed val windows "
@@ -358,6 +366,11 @@ def validate(cfg: RunConfig) -> None:
             "--save_only_on_improvement and --save_interval both given: the former saves at "
             "evaluations that improve the val loss; drop one"
         )
+    if cfg.no_checkpoint and cfg.save_every_minutes is not None:
+        problems.append(
+            "--no_checkpoint and --save_every_minutes both given: the latter saves checkpoints; "
+            "drop one"
+        )
     if not 0.0 < cfg.wsd_decay_fraction <= 1.0:
         problems.append(f"--wsd_decay_fraction must be in (0, 1], got {cfg.wsd_decay_fraction}")
     if cfg.early_stop_patience and not cfg.eval_interval:
@@ -403,6 +416,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         "eval_iters": (False, False),
         "eval_interval": (False, True),
         "save_interval": (True, True),
+        "save_every_minutes": (True, False),
         "peak_tflops": (True, False),
         "hang_timeout": (True, True),
         "keep_last": (False, True),

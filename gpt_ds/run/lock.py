@@ -31,7 +31,7 @@ from gpt_ds.base.dist import process_identity
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.tags import LATEST, complete_tags, latest_tag, partial_dirs
-from gpt_ds.observe.metrics import METRICS_FILE
+from gpt_ds.observe.metrics import METRICS_FILE, attempt_file
 
 # What an earlier run left in the out dir, and what a launch may do with it.
 #
@@ -39,8 +39,9 @@ from gpt_ds.observe.metrics import METRICS_FILE
 # or not, `latest`, `metrics.jsonl`) would replace that run's checkpoints and mix its metrics
 # with its own: it is refused before any work, naming what is there and the ways on.
 # `--resume auto` is the setting for a job a scheduler may start again: it continues the newest
-# complete checkpoint when there is one, starts the run when the out dir holds no gpt_ds output,
-# and refuses an out dir with output but no checkpoint to continue.
+# complete checkpoint when there is one, and otherwise starts the run, also over what a launch
+# killed before its first checkpoint left (its metrics set aside, no file removed): a requeued
+# job always makes progress. Plain `--resume` refuses an out dir without a checkpoint.
 
 AUTO = "auto"  # --resume auto: continue if there is a checkpoint, else start
 
@@ -102,18 +103,28 @@ def check_fresh_start(out_dir: Path) -> None:
 
 
 def auto_starts(out_dir: Path) -> bool:
-    """`--resume auto`: True when the run starts (nothing of gpt_ds's in `out_dir`), False
-    when it continues the newest complete checkpoint; refused with output but none."""
+    """`--resume auto`: True when the run starts (no complete checkpoint in `out_dir`), False
+    when it continues the newest one. Output without a checkpoint (a launch killed before its
+    first save) does not stop a start; a live run's does (OutDirBusy)."""
     if complete_tags(out_dir):
         return False
+    if earlier_output(out_dir):
+        refuse_if_busy(out_dir)
+    return True
+
+
+def start_over_line(out_dir: Path) -> str:
+    """What `--resume auto` says when it starts: afresh over a killed attempt's leftovers
+    (naming them and where its metrics go), or in an out dir without gpt_ds output."""
     found = earlier_output(out_dir)
     if not found:
-        return True
-    refuse_if_busy(out_dir)
-    raise OutDirHasRun(
-        f"--resume {AUTO}: --out_dir {out_dir} holds a run's output but no complete checkpoint "
-        f"to continue: {', '.join(found)}. Start the run in another --out_dir, or delete "
-        f"{out_dir} first."
+        return f"--resume {AUTO}: no checkpoint in {out_dir}: starting the run"
+    aside = attempt_file(out_dir)
+    kept = f"its metrics move to {aside.name}" if aside else "it logged nothing"
+    return (
+        f"--resume {AUTO}: no complete checkpoint in {out_dir}, only what a launch killed before "
+        f"its first save left ({', '.join(found)}): starting the run afresh; {kept}, no "
+        "file is removed"
     )
 
 

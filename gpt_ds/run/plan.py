@@ -41,7 +41,7 @@ from gpt_ds.model.gpt2 import (
 from gpt_ds.run import lock as run_lock
 from gpt_ds.run.config import RunConfig, run_settings, validate
 from gpt_ds.run.init_source import InitSource, model_source
-from gpt_ds.run.lock import AUTO, RunLock, auto_starts, check_fresh_start
+from gpt_ds.run.lock import AUTO, RunLock, auto_starts, check_fresh_start, start_over_line
 
 if TYPE_CHECKING:  # imported where --hellaswag is given
     from gpt_ds.data.hellaswag import Rendered
@@ -273,14 +273,14 @@ def resume_checkpoint(
     cfg: RunConfig, damaged: dict[str, str] | None = None
 ) -> CheckpointRef | None:
     """The complete checkpoint `--resume` names (None when the run starts: no --resume, or
-    --resume auto in an out dir without gpt_ds output); `latest` falls back to the newest
+    --resume auto in an out dir without a complete checkpoint); `latest` falls back to the newest
     complete tag when it names an incomplete one. Its model is plan_run's to check."""
     out_dir = Path(cfg.out_dir)
     if not cfg.resume:
         check_fresh_start(out_dir)  # never replaces an earlier run's output
         return None
     if cfg.resume == AUTO and auto_starts(out_dir):
-        dist.print0(f"--resume {AUTO}: no checkpoint in {out_dir}: starting the run")
+        dist.print0(start_over_line(out_dir))  # the trainer sets the metrics aside
         return None
     if not complete_tags(out_dir):
         raise CheckpointError(

@@ -45,9 +45,11 @@ from gpt_ds.observe.metrics import (
     release_freed_blocks,
     resolve_peak,
     rewind,
+    set_aside_attempt,
     wants_release,
 )
 from gpt_ds.observe.watchdog import Watchdog
+from gpt_ds.run.lock import AUTO
 from gpt_ds.run.plan import RunPlan
 from gpt_ds.training.engine_build import build_engine
 from gpt_ds.training.evaluation import evaluate_mix
@@ -243,6 +245,42 @@ def _host_norm(norm: torch.Tensor | float | None, read) -> float | None:
     return None if norm is None else float(norm)
 
 
+# Saving on time (--save_every_minutes). A hard kill (SIGKILL, a lost node) loses everything
+# since the last checkpoint; a step-count interval sized for a fast phase can be hours in a slow
+# one. Each rank keeps its own clock and raises a flag in the step's stop vote (one all-reduce a
+# step, read a step late: no host sync added) once M minutes have passed since the last save;
+# every rank sees the same agreement at the same iteration and saves there. A vote cast before
+# a save (the one in flight while it was written) asked for that save, not for another.
+
+
+class SaveClock:
+    """Whether `minutes` of training have passed since the last save (or the loop's start)."""
+
+    def __init__(self, minutes: float | None):
+        self.minutes = minutes
+        self.since = time.monotonic()
+        self.saved_at = 0  # the iteration of the last save, or of the loop's start
+
+    def restart(self, iteration: int) -> None:
+        self.since, self.saved_at = time.monotonic(), iteration
+
+    def due(self) -> bool:
+        return self.minutes is not None and time.monotonic() - self.since >= self.minutes * 60
+
+    def asks_now(self, on_time: bool, cast_at: int) -> bool:
+        """Whether an agreed `on_time` vote, cast at iteration `cast_at`, still asks for a
+        save: not when that save has happened since (a save follows its step's vote)."""
+        return on_time and cast_at > self.saved_at
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """What every rank agreed on after a step (a step late: `dist.DelayedAny`)."""
+
+    stop: bool  # a stop was requested (a signal, a vanished launcher) on some rank
+    save_on_time: bool  # --save_every_minutes ran out on some rank
+
+
 @dataclass
 class LogWindow:
     """Training iterations since the last log line (losses, time spent in steps only)."""
@@ -289,7 +327,8 @@ class Trainer:
         self.pending = PendingSteps()  # trained, not yet read from the device
         self.step_seconds = 0.0  # host time of the pending steps
         self.last_grad_norm: float | None = None  # of the latest step read
-        self.stop_vote = dist.DelayedAny()
+        self.votes = dist.DelayedAny(flags=2)  # (stop requested, save on time), see Agreed
+        self.save_clock = SaveClock(plan.cfg.save_every_minutes)
         self.monitor: EngineMonitor | None = None
         self.last_val_iter = -1  # the iteration of `last_val`
         self.tokens_seen = 0  # trained on so far, all ranks (in checkpoints and records)
@@ -350,15 +389,16 @@ class Trainer:
         self.watchdog = Watchdog.start(
             self.cfg.out_dir, dist.rank(), dist.world_size(), self.cfg.hang_timeout
         )
+        self.save_clock.restart(self.iteration)  # training time: not start-up, not resume
         for it in range(first, self.max_iters + 1):
             t0 = time.perf_counter()
             with self.profiler.step(it) if self.profiler else contextlib.nullcontext():
-                stop_requested = self.train_step(it)
+                agreed = self.train_step(it)
             if it == first:
                 self._first_step_report(time.perf_counter() - t0)
             elif self.watchdog is not None:  # the first step's compile and warm-up: not a measure
                 self.watchdog.step_done(time.perf_counter() - t0)
-            if self.after_step(it, stop_requested):
+            if self.after_step(it, agreed):
                 return 0
         return self.finish()
 
@@ -415,11 +455,8 @@ class Trainer:
             dist.print0(line)
         if EngineMonitor.wanted(ds.config):
             self.monitor = EngineMonitor(self.engine)
-        if dist.is_main() and self.iteration and (moved := rewind(cfg.out_dir, self.iteration)):
-            dist.print0(
-                f"metrics.jsonl: {moved} records past iteration {self.iteration} (the launch "
-                f"that stopped) moved to metrics.jsonl.rewound-{self.iteration}"
-            )
+        if dist.is_main():
+            self._metrics_of_earlier_launches()
         facts = RunFacts(
             max_iters=self.max_iters,
             tokens_per_iter=self.tokens_per_iter,
@@ -433,6 +470,18 @@ class Trainer:
             cfg.out_dir, dist.is_main(), facts, run_id=self.plan.run_id, monitor=self.monitor
         )
 
+    def _metrics_of_earlier_launches(self) -> None:
+        """Rank 0, out dir locked: a resumed run's metrics.jsonl rewound to its checkpoint; a
+        --resume auto start over a killed attempt's metrics sets them aside (run/lock.py)."""
+        out_dir = self.cfg.out_dir
+        if self.iteration and (moved := rewind(out_dir, self.iteration)):
+            dist.print0(
+                f"metrics.jsonl: {moved} records past iteration {self.iteration} (the launch "
+                f"that stopped) moved to metrics.jsonl.rewound-{self.iteration}"
+            )
+        elif not self.iteration and self.cfg.resume == AUTO:
+            set_aside_attempt(out_dir)  # said by the plan (run/lock.py start_over_line)
+
     def _resume(self, ref: CheckpointRef) -> None:
         resumed = self.checkpointer.load(self.engine, ref)
         self.iteration = resumed.iteration
@@ -445,10 +494,10 @@ class Trainer:
         dist.print0(f"resumed from {self.cfg.out_dir}/{ref.tag} at iteration {self.iteration}")
 
     # ------------------------------------------------------------------ one iteration
-    def train_step(self, it: int) -> bool:
-        """One optimizer step (grad_accum micro-batches); returns whether the ranks agreed to
-        stop (on a stop request seen by any rank one step earlier). Nothing here waits for the
-        device: the loss and gradient norm stay there until `read_steps`."""
+    def train_step(self, it: int) -> Agreed:
+        """One optimizer step (grad_accum micro-batches); returns what the ranks agreed on (a
+        stop request or a save on time seen by any rank one step earlier). Nothing here waits
+        for the device: the loss and gradient norm stay there until `read_steps`."""
         t0 = time.perf_counter()
         ga, dev = self.plan.ds.grad_accum, dist.device()
         skipped_before = self.engine.skipped_steps
@@ -469,13 +518,13 @@ class Trainer:
         skipped = self.plan.ds.precision != "fp16" and self.engine.skipped_steps > skipped_before
         self.pending.add(it, loss_sum / ga, self.engine.get_global_grad_norm(), skipped)
         self._progress(f"all_reduce of iter {it}'s stop vote")
-        stopping = self.stop_vote.vote(self.stop_request.requested)
+        agreed = Agreed(*self.votes.vote(self.stop_request.requested, self.save_clock.due()))
         self.iteration = it
         self.tokens_seen += self.tokens_per_iter
         self.step_seconds += time.perf_counter() - t0
         if it % self.cfg.log_interval == 0 or it == self.max_iters:
             self._log_train(it)
-        return stopping
+        return agreed
 
     def read_steps(self) -> None:
         """Read the pending steps from the device (all ranks at once: a collective), add them
@@ -538,27 +587,30 @@ class Trainer:
         return _as_float(getattr(self.engine.optimizer, "loss_scale", None))
 
     # ------------------------------------------------------------------ the rules
-    def after_step(self, it: int, stop_requested: bool) -> bool:
-        """Evaluate at eval points, checkpoint at save points; on a stop request save (once)
-        and stop. Returns True when the run stops here. The last iteration is `finish`'s."""
+    def after_step(self, it: int, agreed: Agreed) -> bool:
+        """Evaluate at eval points, checkpoint at save points and on time; on a stop request
+        save (once) and stop. Returns True when the run stops here. The last iteration is
+        `finish`'s."""
         if it == self.max_iters:
             return False
-        if stop_requested or _due(it, self.cfg.eval_interval) or self._save_due(it):
+        on_time = self.save_clock.asks_now(agreed.save_on_time, it - self.votes.lag)
+        why = self._save_reason(it, on_time)
+        if agreed.stop or _due(it, self.cfg.eval_interval) or why:
             self.read_steps()  # a non-finite step stops the run before anything is saved
         if _due(it, self.cfg.eval_interval):
             self.evaluate(it)
             if self.patience_ran_out:
                 self._end_on_plateau(it)
                 return True
-        saved = False
-        if self._save_due(it):
-            self.save(f"iter_{it}")
-            saved = True
-        if not stop_requested:
+            why = self._save_reason(it, on_time)  # improved: known only now
+        if why:
+            self.save(f"iter_{it}", why)
+        if not agreed.stop:
             return False
-        dist.print0(f"{self.stop_reason()}: saving")
-        if not saved:  # not twice: the launcher SIGKILLs ranks 30 s after its SIGTERM
-            self.save(f"iter_{it}")
+        reason = self.stop_reason()
+        dist.print0(f"{reason}: saving")
+        if not why:  # not twice: the launcher SIGKILLs ranks 30 s after its SIGTERM
+            self.save(f"iter_{it}", f"stop: {reason}")
         dist.print0(f"stopped at iteration {it}; resume with --resume (tag iter_{it})")
         return True
 
@@ -577,20 +629,29 @@ class Trainer:
         """--early_stop_patience ran out: the run ends here, `final` saved, the best checkpoint
         named."""
         self.metrics.event({"event": "early_stop", "iter": it, "message": self.early_stop.reason()})
-        self.save("final")
+        self.save("final", "early stop")
         best = f"{self.cfg.out_dir}/{self.best_tag}" if self.best_tag else "none saved"
         dist.print0(
             f"stopped early at iteration {it}; best checkpoint: {best} (val loss "
             f"{self.best_val}); export it with {tool('export')} {self.cfg.out_dir} --tag best"
         )
 
-    def _save_due(self, it: int) -> bool:
-        """A save point: every --save_interval (default --eval_interval) iterations; with
-        --save_only_on_improvement, the evaluations that improved on the best checkpoint."""
-        if self.cfg.save_only_on_improvement:
-            return self.evaluated_now and self._improves()
-        interval = self.cfg.save_interval
-        return _due(it, self.cfg.eval_interval if interval is None else interval)
+    def _save_reason(self, it: int, on_time: bool) -> str | None:
+        """Why iteration `it` is a save point, for the log line before the save, or None: every
+        --save_interval (default --eval_interval) iterations, or with
+        --save_only_on_improvement the evaluations that improved on the best checkpoint; else
+        --save_every_minutes since the last save."""
+        cfg = self.cfg
+        interval = cfg.eval_interval if cfg.save_interval is None else cfg.save_interval
+        if cfg.save_only_on_improvement:
+            if self.evaluated_now and self._improves():
+                return "the val loss improved, --save_only_on_improvement"
+        elif _due(it, interval):
+            flag = "--eval_interval" if cfg.save_interval is None else "--save_interval"
+            return f"every {interval} iterations, {flag}"
+        if on_time:
+            return f"{cfg.save_every_minutes:g} minutes since the last save, --save_every_minutes"
+        return None
 
     def _improves(self) -> bool:
         """Whether the latest evaluation beats the best checkpoint's val loss."""
@@ -601,9 +662,9 @@ class Trainer:
     def finish(self) -> int:
         """The final evaluation and the `final` checkpoint."""
         self.read_steps()
-        self.stop_vote.settle()  # every rank has joined the vote in flight: close it
+        self.votes.settle()  # every rank has joined the vote in flight: close it
         self.evaluate(self.max_iters)
-        self.save("final")
+        self.save("final", "the run's last iteration")
         dist.print0(f"done: {self.max_iters} iterations, val loss {self.last_val:.4f}")
         return 0
 
@@ -653,12 +714,14 @@ class Trainer:
             "hellaswag_examples": res.examples,
         }
 
-    def save(self, tag: str) -> None:
-        """Checkpoint `tag`; it becomes the best tag when evaluated here and better than any
-        earlier checkpoint (a save between evaluations has no val loss of its own)."""
+    def save(self, tag: str, why: str) -> None:
+        """Checkpoint `tag`, saying `why` first; it becomes the best tag when evaluated here and
+        better than any earlier checkpoint (a save between evaluations has no val loss of its
+        own). Every save restarts --save_every_minutes' clock."""
         if self.cfg.no_checkpoint:
             return
         self._progress(f"save {tag}")
+        dist.print0(f"checkpoint {tag}: saving ({why})")
         if self.evaluated_now and self._improves():
             self.best_val, self.best_tag = self.last_val, tag
         manifest = Manifest(
@@ -683,8 +746,15 @@ class Trainer:
             data_stream=STREAM,
         )
         path = self.checkpointer.save(self.engine, self.train_windows, manifest)
+        self.save_clock.restart(self.iteration)
         self.metrics.event(
-            {"event": "checkpoint", "iter": self.iteration, "tag": tag, "message": f"saved {path}"}
+            {
+                "event": "checkpoint",
+                "iter": self.iteration,
+                "tag": tag,
+                "why": why,
+                "message": f"saved {path}",
+            }
         )
 
 
