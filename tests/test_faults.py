@@ -316,6 +316,46 @@ def test_sigkill_mid_save_keeps_the_previous_checkpoint(victims, shakespeare_dir
     assert complete_tags(out) == ["final", "iter_2", "iter_4"]
 
 
+# ---------------------------------------------------------------------------- 3. saving on time
+ON_TIME = "--save_every_minutes"
+
+
+def test_save_every_minutes_saves_on_time_on_every_rank_at_one_iteration(
+    shakespeare_dir, launch, tmp_path
+):
+    """--save_every_minutes 0.01 (0.6 s) in a run without step-count saves (--eval_interval 0)
+    and --keep_last 2: checkpoints come no sooner than 0.6 s after the previous one, each said
+    with its reason before it is written; every rank wrote its share at the same iteration
+    (each rank's file holds the data position of the manifest's iteration); --keep_last prunes
+    them as any iter_* tag."""
+    out = tmp_path / "run"
+    flags = {**SMALL, "max_iters": 24, "eval_interval": 0, "keep_last": 2}
+    args = tiny_run_args(shakespeare_dir, out, **flags, save_every_minutes=0.01)
+    run = launch(args, "on_time", lean=True).finish_ok()
+    saves = [r for r in read_metrics(out) if r.get("event") == "checkpoint"]
+    on_time = [r for r in saves if ON_TIME in r["why"]]
+    assert len(on_time) >= 2, run.tail()
+    assert saves[-1]["tag"] == "final" and len(on_time) == len(saves) - 1
+    for earlier, later in zip(saves, saves[1:], strict=False):  # 10 ms: the ranks' clocks
+        assert later["time"] - earlier["time"] >= 0.6 - 0.01, (earlier, later)
+    # the vote in flight during a save (cast before it) does not ask for another save; read a
+    # step late, the next vote that can is two iterations on
+    iters = [r["iter"] for r in on_time]
+    assert all(b - a >= 2 for a, b in zip(iters, iters[1:], strict=False)), iters
+    for r in on_time:
+        said = f"checkpoint {r['tag']}: saving (0.01 minutes since the last save, {ON_TIME})"
+        assert said in run.output
+    kept = [r["tag"] for r in on_time[-2:]]
+    assert complete_tags(out) == sorted(["final", *kept])
+    for r in on_time[:-2]:
+        assert f"checkpoint: removed {r['tag']} (--keep_last 2)" in run.output
+    for tag in kept:
+        manifest = json.loads((out / tag / "gpt_ds.json").read_text())
+        for rank in (0, 1):
+            state = torch.load(out / tag / f"gpt_ds_rank{rank}.pt", weights_only=False)
+            assert state["sampler"]["sequences"] == manifest["iteration"] * 8, (tag, rank)
+
+
 # ---------------------------------------------------------------------------- 4. signals
 STOPPED = re.compile(r"stopped at iteration (\d+); resume with --resume \(tag iter_(\d+)\)")
 
