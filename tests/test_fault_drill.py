@@ -1,0 +1,35 @@
+"""The requeue drill (benchmarks/fault_drill.py) at its test size: five SIGKILLs of every
+process of one job, each launch the same `--resume auto --save_every_minutes` command, the first
+kill before any checkpoint exists; the job must finish bit-identical to an uninterrupted run
+(weights and every logged number), with no launch refused and no checkpoint lost."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from support.launch import run_benchmark
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_job_killed_five_times_ends_bit_identical_to_an_uninterrupted_run(
+    shakespeare_dir, tmp_path
+):
+    flags = ("--kills", "5", "--seed", "1", "--max_iters", "12", "--lean")
+    proc = run_benchmark(
+        "fault_drill", *flags, data_dir=shakespeare_dir, work_dir=tmp_path, timeout=900
+    )
+    out = proc.stdout
+    rows = out.split("| kills |")[0]
+    launches = re.findall(r"^\| (\d+) +\| (\S+(?: iter_\d+)?) +\| (\S+) +\|", rows, re.M)
+    assert [int(n) for n, _, _ in launches] == list(range(1, 7)), out
+    kinds = [killed for _, _, killed in launches]
+    assert set(kinds[:5]) <= {"start-up", "train", "save"} and kinds[5] == "no", out
+    # the first kill lands before any checkpoint (killed at start-up it may not have said how
+    # it started): the next launch starts the run afresh, or anew when nothing was written
+    assert launches[0][1] in ("new", "-") and launches[1][1] in ("afresh", "new", "-"), out
+    summary = out.split("| kills |")[1].splitlines()[2]
+    kills, _, _, refused, lost, *_, identical = (c.strip() for c in summary.strip("| ").split("|"))
+    assert (kills, refused, lost, identical) == ("5", "0", "0", "yes"), out
+    assert proc.returncode == 0
