@@ -20,7 +20,7 @@ from support.launch import REPO, STAGE_RUN_ITERS
 
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.commands.plot_metrics import main
-from gpt_ds.observe import plot
+from gpt_ds.observe import metrics, plot
 
 # the stage runs' batch (support.launch.tiny_run_args): micro 4 x accum 1 x 2 ranks x block 64
 STAGE_TOKENS_PER_ITER = 4 * 1 * 2 * 64
@@ -167,6 +167,30 @@ def test_a_resumed_launch_replaces_what_the_crashed_one_logged_after_its_start(t
     assert run.train_tokens == [1024 * min(i, 4) + 2048 * max(i - 4, 0) for i in range(1, 9)]
     assert (run.eval_iters, run.eval_tokens) == ([4, 8], [4096, 4096 + 4 * 2048])
     assert run.val_loss == [10 - 0.4 - 1, 10 - 0.8 + 1 - 1]
+
+
+def test_a_killed_attempt_set_aside_is_drawn_apart_from_the_run(tmp_path):
+    """A launch killed before its first checkpoint (records to iteration 3, a torn last line),
+    the run then started afresh by --resume auto: set_aside_attempt moves its file aside, the
+    run's curves are the new launch's only, and the attempt's train loss is drawn dotted on the
+    iteration axis under its run id, said by the tool."""
+    write_launch(tmp_path, "killed", 0, range(1, 4), loss_offset=0.5)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"iter": 4, "lo')
+    aside = metrics.set_aside_attempt(tmp_path)
+    assert aside == tmp_path / "metrics.jsonl.attempt-killed" and aside.is_file()
+    assert not (tmp_path / "metrics.jsonl").exists()
+    write_launch(tmp_path, "afresh", 0, range(1, 7))
+    assert [r["iter"] for r in metrics.read_attempts(tmp_path)["killed"]] == [0, 1, 2, 3]
+    run = plot.load_run(tmp_path, "r")
+    assert run.train_iters == list(range(1, 7))
+    assert run.attempts == {"killed": ([1, 2, 3], [10 - i / 10 + 0.5 for i in (1, 2, 3)])}
+    drawn = lines(plot.draw([run]))
+    expected = np.column_stack([[1, 2, 3], run.attempts["killed"][1]])
+    np.testing.assert_array_equal(drawn[0, "r/attempt/killed"], expected)
+    assert not any(gid.startswith("r/attempt") for ax, gid in drawn if ax != 0)
+    legend = plot.draw([run]).axes[0].get_legend().get_texts()
+    assert plot.ATTEMPT_LABEL in [t.get_text() for t in legend]
 
 
 def test_an_iteration_logged_twice_keeps_its_last_record(tmp_path):

@@ -265,7 +265,9 @@ def _usage(flags: list[str], kwargs: dict[str, Any]) -> str:
     name = flags[0]
     if kwargs.get("action") == "store_true":
         return f"`{name}`"
-    value = "|".join(map(str, kwargs["choices"])) if "choices" in kwargs else name[2:].upper()
+    value = kwargs.get("metavar") or name[2:].upper()  # as --help names it
+    if "choices" in kwargs:
+        value = "|".join(map(str, kwargs["choices"]))
     if kwargs.get("nargs") == "+":
         value += f" [{value} ...]"
     return f"`{name} [{value}]`" if kwargs.get("nargs") == "?" else f"`{name} {value}`"
