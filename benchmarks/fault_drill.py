@@ -67,7 +67,7 @@ RESUMED = re.compile(r"resumed from \S+/(\S+) at iteration (\d+)")
 STARTED = "--resume auto: "  # the line of a launch that starts the run (afresh or anew)
 MODES = ("start-up", "train", "save")  # a kill's moment (see the docstring)
 EXACT = ("loss", "lr", "grad_norm", "batch", "tokens", "val_loss", "val_ppl")  # record numbers
-TALLY = ("lost", "resumes", "afresh", "refused", "intruders", "stopped", "caught", "damaged")
+TALLY = ("lost", "resumes", "afresh", "refused", "intruders", "stopped", "damaged")
 LAUNCH_COLUMNS = [
     "launch",
     "started",
@@ -169,6 +169,7 @@ class Drill:
     damaged: dict[str, str] = field(default_factory=dict)  # tag -> its saved_at when damaged
     rows: list[tuple] = field(default_factory=list)
     modes: list[str] = field(default_factory=list)  # the kinds of kill left in this round
+    caught: set[tuple[str, str]] = field(default_factory=set)  # (tag, saved_at) passed over
 
     def launch(self, name: str) -> Launch:
         """The job's command, started as `deepspeed` starts it on a node (see the docstring)."""
@@ -183,9 +184,12 @@ class Drill:
         mode = self.modes.pop()
         return "train" if mode == "save" and not next_step_save(start, self.max_iters) else mode
 
-    def caught(self, output: str) -> int:
-        """How many damaged tags a launch's output says it passed over."""
-        return sum(f"{self.out}/{t}: damaged" in output for t in self.damaged)
+    def catch(self, output: str) -> None:
+        """Note the damaged tags a launch's output says it passed over (a tag stays damaged, and
+        is passed over again, until it is saved anew: counted once)."""
+        for tag, saved_at in self.damaged.items():
+            if f"{self.out}/{tag}: damaged" in output:
+                self.caught.add((tag, saved_at))
 
 
 def usable_checkpoints(drill: Drill) -> dict[str, dict]:
@@ -215,7 +219,7 @@ def start_of(drill: Drill, output: str, expected: int) -> str:
     if resumed is not None:
         it = int(resumed.group(2))
         drill.tally["lost"] += it != expected
-        drill.tally["caught"] += drill.caught(output)
+        drill.catch(output)
         drill.tally["resumes"] += 1
         return f"resumed {resumed.group(1)}"
     if STARTED in output:
@@ -463,7 +467,7 @@ def summary_row(drill: Drill, o: Outcome) -> list[str]:
         str(t["refused"]),
         str(t["lost"]),
         f"{t['stopped']} of {t['intruders']}",
-        f"{t['caught']} of {t['damaged']}",
+        f"{len(drill.caught)} of {t['damaged']}",
         f"{o.val[0]:.6f} / {o.val[1]:.6f}",
         "yes" if o.same_weights and o.same_metrics else "no",
     ]
@@ -487,7 +491,7 @@ def sound(drill: Drill, o: Outcome) -> bool:
     """Nothing lost, no launch of the job refused, every second launch refused, every damaged
     tag caught, and the drilled run ends exactly where the uninterrupted one does."""
     t = drill.tally
-    kept = t["lost"] == 0 and t["refused"] == 0 and t["caught"] == t["damaged"]
+    kept = t["lost"] == 0 and t["refused"] == 0 and len(drill.caught) == t["damaged"]
     return kept and t["stopped"] == t["intruders"] and o.same_metrics and o.same_weights
 
 
