@@ -34,6 +34,7 @@ gpt_ds row.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -135,6 +136,35 @@ def predicted_peak(setup: Setup, row: str) -> str:
     return f"{planned(argv, setup.args.ranks).estimate.total / 2**30:.2f} GiB"
 
 
+def result_writer(path: Path | None, setup: Setup) -> Callable[[str, int, Measured], None] | None:
+    """Appends each measured repetition to `path` as it comes, flushed: one JSON line and,
+    beside it (`path` with .md), one markdown row, so a run stopped by a time limit keeps
+    every figure it had."""
+    if path is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(row: str, rep: int, m: Measured) -> None:
+        record = {
+            "model": setup.model,
+            "zero_stage": setup.stage,
+            "row": row,
+            "rep": rep + 1,
+            "tokens_per_sec": round(m.tokens_per_sec, 1),
+            "peak_gib": round(m.peak_gib, 3),
+            "note": m.note,
+        }
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        with path.with_suffix(".md").open("a") as f:
+            f.write(
+                f"| {setup.model} ZeRO-{setup.stage} | {row} | {rep + 1} | "
+                f"{m.tokens_per_sec:,.0f} | {m.peak_gib:.2f} GiB |\n"
+            )
+
+    return write
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -159,6 +189,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="torch.compile the plain PyTorch rows: auto where inductor pays off (GPUs), on "
         "also on CPU (about a minute per launch, in the untimed warm-up)",
     )
+    p.add_argument(
+        "--results",
+        type=Path,
+        help="append each repetition as it is measured: a JSON line to this file, a markdown "
+        "row to the same name with .md (kept when the run is cut short)",
+    )
     args = parse_launch_args(p, argv)
     if args.precision == "fp32" and FP32_ROW in args.rows:  # the gpt_ds row itself
         args.rows = [r for r in args.rows if r != FP32_ROW]
@@ -175,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             shape = ModelShape(shape.n_layer, shape.n_head, shape.n_embd, args.block_size)
             for stage in args.stages:
                 setup = Setup(model, stage, shape, args, work)
-                tables.append(table(setup, measure(setup, args.reps)))
+                measured = measure(setup, args.reps, result_writer(args.results, setup))
+                tables.append(table(setup, measured))
         print(
             f"\n{args.ranks} ranks, micro-batch {args.micro_batch_size} x grad-accum "
             f"{args.grad_accum}, block {args.block_size}, precision "

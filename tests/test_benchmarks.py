@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 from support.launch import REPO, run_benchmark, run_python
@@ -124,3 +125,34 @@ def test_host_overhead_benchmark_prints_its_table(shakespeare_dir, tmp_path):
     theirs = int(rows["DeepSpeed's bf16 defaults"].split("|")[-3])
     assert ours < theirs, proc.stdout  # the overflow check and timer's syncs are gone
     assert "trainer: " not in proc.stdout.split("host syncs by phase")[1]
+
+
+@pytest.mark.slow
+def test_gpu_check_stopped_by_its_budget_keeps_what_it_measured(shakespeare_dir, tmp_path):
+    """The GPU check's own flow on CPU ranks at a tiny size (`--on_cpu`), its throughput step
+    given more repetitions than its 45 s budget holds: the environment is written first, each
+    repetition lands in throughput.jsonl and .md as it is measured, the step is stopped at the
+    budget (rc 124) and the report names what it kept; the whole check ends inside the budget
+    (plus the data preparation and the report)."""
+    out = tmp_path / "check"
+    rows = ["gpt_ds", "plain PyTorch (nanoGPT recipe)"]
+    argv = [str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(out), "--on_cpu"]
+    argv += ["--budget", "45", "--model", "gpt2-tiny", "--block_size", "64"]
+    argv += ["--micro_batch_size", "2", "--steps", "4", "--reps", "6", "--rows", *rows]
+    argv += ["--skip", "gpu tests", "gpt2-xl zero3", "--work_dir", str(tmp_path / "work")]
+    argv += ["--data_dir", str(shakespeare_dir)]
+    started = time.monotonic()
+    proc = run_python(argv, check=False, timeout=300)
+    assert time.monotonic() - started < 45 + 30, proc.stdout[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["environment"]["usable_gpu"] is False
+    assert report["throughput"]["rc"] == 124, proc.stdout[-3000:]  # stopped at the budget
+    measured = [json.loads(line) for line in (out / "throughput.jsonl").read_text().splitlines()]
+    assert 1 <= len(measured) < len(rows) * 6, measured
+    assert {m["row"] for m in measured} <= set(rows) and all(
+        m["tokens_per_sec"] > 0 for m in measured
+    )
+    md = (out / "gpu_check.md").read_text()
+    for m in measured:
+        assert f"| gpt2-tiny ZeRO-2 | {m['row']} | {m['rep']} |" in md
+    assert proc.returncode == 1  # a step that did not finish

@@ -6,6 +6,7 @@ themselves cannot be built here (no Docker daemon, no GPU)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -340,3 +341,34 @@ def test_the_cuda_images_torch_builds_exist_and_match_their_base():
         assert cuda in releases, f"{wheel}: torch {torch.__version__} publishes {sorted(releases)}"
         assert cards <= releases[cuda]["x86_64"], (wheel, sorted(releases[cuda]["x86_64"]))
         assert base.split(".")[:2] == cuda.split("."), (base, wheel)
+
+
+def older_pythons() -> list[Path]:
+    """Python 3.10 interpreters this machine has (pyenv's, the system's): setup_env.sh's refusal."""
+    found = sorted(Path.home().glob(".pyenv/versions/3.10*/bin/python3"))
+    return found + [p for p in map(Path, ["/usr/bin/python3.10"]) if p.is_file()]
+
+
+@pytest.mark.skipif(not older_pythons(), reason="no Python 3.10 interpreter on this machine")
+def test_setup_env_stops_on_python_3_10_in_one_line_naming_the_fix(tmp_path):
+    """DeepSpeed 0.19 and transformers 5 publish nothing for 3.10: setup_env.sh says so and which
+    knob picks another interpreter, before a venv or pip (pip would fail in its resolver)."""
+    python = older_pythons()[0]
+    venv = tmp_path / "venv"
+    env = {**os.environ, "GPT_DS_PYTHON": str(python), "GPT_DS_VENV": str(venv)}
+    proc = subprocess.run(
+        ["bash", "launchers/setup_env.sh"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    version = subprocess.check_output(
+        [python, "-c", "import platform;print(platform.python_version())"], text=True
+    )
+    assert_names(line, "3.11", str(python), version.strip(), "GPT_DS_PYTHON")
+    assert not venv.exists() and proc.stdout == ""
+    env["GPT_DS_PYTHON"] = "python3.0-none"
+    proc = subprocess.run(
+        ["bash", "launchers/setup_env.sh"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and not venv.exists()
+    assert_names(proc.stderr.strip(), "python3.0-none", "GPT_DS_PYTHON")

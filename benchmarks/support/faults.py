@@ -22,9 +22,9 @@ import psutil
 from support.launch import (
     REPO,
     TRAIN,
-    VENV_BIN,
     ZYGOTE,
     checkout_first,
+    deepspeed_command,
     free_port,
     launch_env,
     node_launch,
@@ -66,7 +66,7 @@ class Launch:
                 self.pid_file = log.with_name(log.name + ".pids")
                 env[RANK_PIDS_ENV] = str(self.pid_file)
         else:
-            cmd = [str(VENV_BIN / "deepspeed"), "--num_gpus", str(num_gpus)]
+            cmd = [*deepspeed_command(), "--num_gpus", str(num_gpus)]
             cmd += ["--master_port", str(self.port), str(TRAIN), *args]
         with log.open("w") as f:
             self.proc = subprocess.Popen(

@@ -29,6 +29,19 @@ TRAIN = REPO / "gpt_ds" / "train.py"
 NODE_LAUNCHER = Path(__file__).with_name("node_launcher.py")
 ZYGOTE = Path(__file__).with_name("zygote.py")
 VENV_BIN = Path(sys.executable).parent
+
+
+def deepspeed_command() -> list[str]:
+    """The `deepspeed` command for this interpreter: the console script beside it (a venv's
+    bin/), else DeepSpeed's runner module, which that script runs (an image's site-packages or
+    a `pip install --target` kit make no script there; another environment's on PATH would
+    start its own Python)."""
+    script = VENV_BIN / "deepspeed"
+    if script.is_file():
+        return [str(script)]
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
+
+
 # --max_iters of conftest's `stage_run`: one run per ZeRO stage per session
 STAGE_RUN_ITERS = 24
 
@@ -147,7 +160,7 @@ def run_deepspeed(
         cmd, env = node_launch(num_gpus, port, script, args, env or launch_env(), module, lean=True)
     else:
         cmd = [
-            str(VENV_BIN / "deepspeed"),
+            *deepspeed_command(),
             "--num_gpus",
             str(num_gpus),
             "--master_port",

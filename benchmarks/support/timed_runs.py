@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,8 +147,11 @@ def step_times(kind: str, out: Path) -> tuple[list[float], float | None, str]:
     return data["times"], data.get("peak_gpu_gib"), data.get("note", "")
 
 
-def measure(setup: Setup, reps: int) -> dict[str, list[Measured]]:
-    """Every row `reps` times, interleaved: rep r starts at row r (rotation)."""
+def measure(
+    setup: Setup, reps: int, on_result: Callable[[str, int, Measured], None] | None = None
+) -> dict[str, list[Measured]]:
+    """Every row `reps` times, interleaved: rep r starts at row r (rotation); `on_result(row,
+    rep, measured)` as each one is measured (a run cut short keeps what it measured)."""
     rows = setup.args.rows
     results: dict[str, list[Measured]] = {r: [] for r in rows}
     for rep, row in interleaved(rows, reps):
@@ -158,6 +162,8 @@ def measure(setup: Setup, reps: int) -> dict[str, list[Measured]]:
             print(f"  {setup.model} ZeRO-{setup.stage} rep {rep + 1}: {exc}", flush=True)
             continue
         results[row].append(m)
+        if on_result is not None:
+            on_result(row, rep, m)
         print(
             f"  {setup.model} ZeRO-{setup.stage} rep {rep + 1}: {row:<31} "
             f"{m.tokens_per_sec:9,.0f} tok/s  peak {m.peak_gib:.2f} GiB",

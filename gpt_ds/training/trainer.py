@@ -6,8 +6,9 @@ final evaluation and the `final` checkpoint). Everything the run learns as it go
 best validation loss and its tag) lives on the object, and goes into every checkpoint.
 
 Beside it, the loop's own parts, each with a comment block saying why: `EarlyStop` (the
-plateau rule), `StopRequest` (signals and a vanished launcher), `PendingSteps` / `LogWindow`
-(each step's loss and gradient norm kept on the device until the host must read them).
+plateau rule), `StopRequest` (signals and a vanished launcher), `SaveClock` / `Agreed`
+(--save_every_minutes, agreed in the step's vote), `PendingSteps` / `LogWindow` (each step's
+loss and gradient norm kept on the device until the host must read them).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gpt_ds.base.cli import option
@@ -249,7 +249,7 @@ def _meta(
         "text_key": text_key,
         "documents": sum(s.documents for s in summaries),
         "sources": [s.to_meta() for s in summaries],
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
