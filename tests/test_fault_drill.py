@@ -10,9 +10,10 @@ import re
 import pytest
 from support.launch import run_benchmark
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.bench  # a benchmark's smoke test: `pytest -m bench`
 
 
+@pytest.mark.slow
 def test_a_job_killed_five_times_ends_bit_identical_to_an_uninterrupted_run(
     shakespeare_dir, tmp_path
 ):
