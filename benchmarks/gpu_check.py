@@ -205,6 +205,9 @@ def report(env: dict, results: dict, out: Path) -> str:
     if not env["usable_gpu"] and not results:
         lines += ["", "No GPU usable here: nothing else to run (exit 0)."]
     for name, res in results.items():
+        if res["rc"] is None:
+            lines += ["", f"## {name}: skipped, the --budget left too little time"]
+            continue
         lines += ["", f"## {name}: rc {res['rc']} in {res['seconds']} s (log: {res['log']})", ""]
         measured = out / "throughput.md"
         if name == "throughput" and measured.is_file():
