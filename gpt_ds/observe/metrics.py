@@ -476,7 +476,7 @@ def attempt_file(out_dir: str | Path) -> Path | None:
     path = Path(out_dir) / METRICS_FILE
     if not path.is_file():
         return None
-    ids = [r.get("run_id") for r in _records_of(path) if isinstance(r, dict)]
+    ids = [r.get("run_id") for r in json_records(path)]
     name = next((i for i in reversed(ids) if isinstance(i, str) and i), None)
     name = name or time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
     aside, n = path.with_name(ATTEMPT_PREFIX + name), 1
@@ -500,17 +500,20 @@ def read_attempts(out_dir: str | Path) -> dict[str, list[dict]]:
     """The records of each launch that was set aside (killed before its first checkpoint, the
     run then started afresh), keyed by run id, oldest first; torn lines skipped."""
     files = sorted(Path(out_dir).glob(ATTEMPT_PREFIX + "*"), key=lambda f: f.stat().st_mtime)
-    return {f.name.removeprefix(ATTEMPT_PREFIX): _records_of(f) for f in files}
+    return {f.name.removeprefix(ATTEMPT_PREFIX): json_records(f) for f in files}
 
 
-def _records_of(path: Path) -> list[dict]:
-    """The JSON records of a metrics file, lines that are not JSON (a torn last line) skipped."""
+def json_records(path: Path) -> list[dict]:
+    """The JSON objects of a metrics file; other lines (a torn last line, foreign text)
+    skipped, for readers that must not fail on a crashed launch's file."""
     records = []
     for line in path.read_text(errors="replace").splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 

@@ -215,7 +215,7 @@ def _attempts(out_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
     """The train curve of each killed attempt set aside in `out_dir` (none logged: left out)."""
     curves = {}
     for run_id, records in read_attempts(out_dir).items():
-        train = latest_records(_kinds([r for r in records if isinstance(r, dict)], "train"))
+        train = latest_records(_kinds(records, "train"))
         if train:
             curves[run_id] = ([int(r["iter"]) for r in train], [float(r["loss"]) for r in train])
     return curves

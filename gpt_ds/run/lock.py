@@ -31,7 +31,7 @@ from gpt_ds.base.dist import process_identity
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.tags import LATEST, complete_tags, latest_tag, partial_dirs
-from gpt_ds.observe.metrics import METRICS_FILE, attempt_file
+from gpt_ds.observe.metrics import METRICS_FILE, attempt_file, json_records
 
 # What an earlier run left in the out dir, and what a launch may do with it.
 #
@@ -73,15 +73,8 @@ def iteration_of(tag_dir: Path) -> int | str:
 
 def last_logged_iteration(path: Path) -> int | None:
     """The highest `iter` of a metrics file's records (torn or foreign lines skipped)."""
-    last = None
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            it = json.loads(line).get("iter")
-        except (json.JSONDecodeError, AttributeError):
-            continue
-        if isinstance(it, int):
-            last = it if last is None else max(last, it)
-    return last
+    iters = [it for r in json_records(path) if isinstance(it := r.get("iter"), int)]
+    return max(iters, default=None)
 
 
 def check_fresh_start(out_dir: Path) -> None:
