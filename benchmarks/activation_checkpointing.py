@@ -42,7 +42,7 @@ def predicted_mib(setup: Setup, checkpointing: bool) -> float:
     """What the memory model says one rank keeps for backward (layers, logits, the rest)."""
     a = setup.args
     kept = activation_bytes(
-        setup.shape, a.micro_batch_size, a.precision, checkpointing, chunked_loss=True
+        setup.shape, a.micro_batch_size, a.precision, checkpointing, loss="chunked"
     )
     return sum(kept.values()) / 2**20
 

@@ -1,7 +1,11 @@
-"""gpt_ds.model.chunked_loss against GPT2LMHeadModel's own loss path (full logits, upcast to fp32,
-torch's cross-entropy): same loss and same gradients of every parameter to float rounding, in
-fp32 and bf16, with uneven chunks and ignored tokens; what each keeps for backward; and real
-2-rank runs with `--loss chunked` following `--loss full` under ZeRO-2 and ZeRO-3."""
+"""The training model's three ways to take the LM loss (`--loss`: chunked, by
+gpt_ds.model.chunked_loss; deepspeed, DeepSpeed's chunked cross-entropy over the logits; full,
+the fp32 logits whole; both by gpt_ds.model.logits_loss) against a reference computed here:
+transformers' GPT2LMHeadModel's logits, upcast to fp32, torch's `F.cross_entropy`. Same loss and
+same gradients (of the last hidden states and of every parameter, the tied embedding/head
+included) to float rounding, in fp32 and bf16, with uneven chunks and ignored tokens; padding
+rows never predicted; what the chunked loss keeps for backward; and real 2-rank runs with
+`--loss full` and `--loss deepspeed` following the chunked default under ZeRO-2 and ZeRO-3."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from support.runs import train_losses, val_losses
 from gpt_ds.data.tokenizer import get_encoding
 from gpt_ds.model.chunked_loss import IGNORE_INDEX, chunked_cross_entropy
 from gpt_ds.model.gpt2 import (
+    LOSS_KINDS,
     ModelShape,
     build_model,
     checkpoint_vocab,
@@ -36,16 +41,43 @@ def batch(block: int = 24, rows: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     return windows[:, :-1], windows[:, 1:]
 
 
-def model(dtype: torch.dtype = torch.float32, chunked: bool = False):
-    """The same initial weights either way: plain GPT2LMHeadModel, or gpt_ds's training model."""
+def model(dtype: torch.dtype = torch.float32, loss: str | None = None):
+    """The same initial weights either way: plain GPT2LMHeadModel (`loss` None), or gpt_ds's
+    training model taking the loss the `loss` way."""
     torch.manual_seed(0)
     shape = ModelShape(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=50257)
-    return build_model(shape, chunked_loss=chunked).to(dtype).train()
+    return build_model(shape, loss=loss).to(dtype).train()
 
 
-def chunked_loss(m, x, y, rows: int, block: int | None = None) -> torch.Tensor:
-    """Through the training model's own forward (the path the engine calls), `rows` tokens
-    per chunk, `block` per gathered gradient (None: the device's)."""
+def reference_loss(m, x: torch.Tensor, y: torch.Tensor, tokens: int | None = None):
+    """The loss as the test computes it, from a plain GPT2LMHeadModel's whole logits: upcast to
+    fp32, the real vocabulary's columns only (`tokens`), torch's cross-entropy."""
+    logits = m(input_ids=x, use_cache=False).logits.float()[..., :tokens]  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
+def backward(m, loss_fn) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(loss, gradient of the last hidden states, every parameter's gradient) of `loss_fn()`
+    on `m`, after backward."""
+    kept = []
+
+    def keep(module, args, out):
+        out.last_hidden_state.retain_grad()
+        kept.append(out.last_hidden_state)
+
+    handle = m.transformer.register_forward_hook(keep)
+    try:
+        loss = loss_fn()
+        loss.backward()
+    finally:
+        handle.remove()
+    return loss, kept[0].grad, grads(m)
+
+
+def ours(m, x, y, rows: int | None = None, block: int | None = None):
+    """The loss through the training model's own forward (the path the engine calls); the
+    chunked kind with `rows` tokens per chunk, `block` per gathered gradient (None: the
+    device's)."""
     m.lm_head.chunk_rows, m.lm_head.grad_block = rows, block
     return lm_loss(m, x, y)
 
@@ -54,40 +86,50 @@ def grads(m) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in m.named_parameters()}
 
 
-@pytest.mark.parametrize("rows", [7, 1000])  # uneven chunks; one chunk holding every token
-def test_fp32_loss_and_gradients_equal_the_full_logits_path(rows):
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.float(), want.float()
+    return ((got - want).norm() / want.norm().clamp(min=1e-12)).item()
+
+
+# chunked: uneven chunks; one chunk holding every token
+@pytest.mark.parametrize("loss,rows", [("chunked", 7), ("chunked", 1000), ("deepspeed", None),
+                                       ("full", None)])  # fmt: skip
+def test_fp32_loss_and_gradients_equal_the_full_logits_reference(loss, rows):
     x, y = batch()
-    ref, ours = model(), model(chunked=True)
-    assert type(ref).__name__ == "GPT2LMHeadModel" and type(ours).__name__ == "GPT2TrainingModel"
-    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), ours.parameters(), strict=True))
-    expected = lm_loss(ref, x, y)
-    expected.backward()
-    got = chunked_loss(ours, x, y, rows)
-    got.backward()
+    ref, mine = model(), model(loss=loss)
+    assert type(ref).__name__ == "GPT2LMHeadModel" and type(mine).__name__ == "GPT2TrainingModel"
+    assert mine.lm_head.kind == loss
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), mine.parameters(), strict=True))
+    expected, want_hidden, want = backward(ref, lambda: reference_loss(ref, x, y))
+    got, hidden, got_grads = backward(mine, lambda: ours(mine, x, y, rows))
+    assert got.dtype == torch.float32
     assert abs(got.item() - expected.item()) < 1e-5, (got.item(), expected.item())
-    want = grads(ref)
-    for name, g in grads(ours).items():
+    torch.testing.assert_close(hidden, want_hidden, rtol=1e-4, atol=1e-7)
+    for name, g in got_grads.items():
         torch.testing.assert_close(g, want[name], rtol=1e-4, atol=1e-6, msg=name)
     # the tied head/embedding weight receives both gradients
-    assert ours.lm_head.weight is ours.transformer.wte.weight
+    assert mine.lm_head.weight is mine.transformer.wte.weight
 
 
-# 72 tokens: one block (the CPU default gathers up to ~660 tokens); blocks of 2 and 3 uneven
-# chunks, the last one short; one chunk per block, as on GPUs
-@pytest.mark.parametrize("rows,block", [(10, None), (7, 21), (5, 10), (10, 10)])
-def test_bf16_loss_and_gradients_equal_the_full_logits_path_to_bf16_rounding(rows, block):
+# chunked, 72 tokens: one block (the CPU default gathers up to ~660 tokens); blocks of 2 and 3
+# uneven chunks, the last one short; one chunk per block, as on GPUs
+@pytest.mark.parametrize(
+    "loss,rows,block",
+    [("chunked", 10, None), ("chunked", 7, 21), ("chunked", 5, 10), ("chunked", 10, 10),
+     ("deepspeed", None, None), ("full", None, None)],
+)  # fmt: skip
+def test_bf16_loss_and_gradients_equal_the_full_logits_reference_to_bf16_rounding(
+    loss, rows, block
+):
     x, y = batch()
-    ref, ours = model(torch.bfloat16), model(torch.bfloat16, chunked=True)
-    expected = lm_loss(ref, x, y)
-    expected.backward()
-    got = chunked_loss(ours, x, y, rows, block)
-    got.backward()
-    assert got.dtype == torch.float32
+    ref, mine = model(torch.bfloat16), model(torch.bfloat16, loss=loss)
+    expected, want_hidden, want = backward(ref, lambda: reference_loss(ref, x, y))
+    got, hidden, got_grads = backward(mine, lambda: ours(mine, x, y, rows, block))
+    assert got.dtype == torch.float32 and hidden.dtype == torch.bfloat16
     assert abs(got.item() - expected.item()) < 1e-3 * expected.item()
-    want = grads(ref)
-    for name, g in grads(ours).items():
-        err = (g.float() - want[name].float()).norm() / want[name].float().norm().clamp(min=1e-12)
-        assert err < 2e-2, (name, err.item())
+    assert relative_error(hidden, want_hidden) < 2e-2
+    for name, g in got_grads.items():
+        assert relative_error(g, want[name]) < 2e-2, name
 
 
 def test_ignored_tokens_do_not_count_and_no_grad_gives_the_same_value():
@@ -103,6 +145,18 @@ def test_ignored_tokens_do_not_count_and_no_grad_gives_the_same_value():
         plain = chunked_cross_entropy(hidden, m.lm_head.weight, y, rows=9)
     assert abs(got.item() - expected.item()) < 1e-5
     assert plain.item() == pytest.approx(got.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("loss", LOSS_KINDS)
+def test_ignored_tokens_do_not_count_for_any_kind(loss):
+    x, every = batch()
+    y = every.clone()
+    y[0, :5] = IGNORE_INDEX
+    ref, mine = model(), model(loss=loss)
+    expected = reference_loss(ref, x, y)
+    got = ours(mine, x, y, rows=9)
+    assert abs(got.item() - expected.item()) < 1e-5, (got.item(), expected.item())
+    assert abs(got.item() - reference_loss(ref, x, every).item()) > 1e-4  # they were left out
 
 
 def saved_bytes(loss_fn) -> int:
@@ -138,12 +192,12 @@ def test_backward_keeps_two_gradients_instead_of_the_logits():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_a_chunked_run_follows_the_full_logits_run(stage, runs):
+@pytest.mark.parametrize("stage,loss", [(2, "full"), (3, "full"), (3, "deepspeed")])
+def test_a_chunked_run_follows_the_logits_runs(stage, loss, runs):
     """Real 2-rank runs, --loss chunked (the default: helpers.compared_runs' shared baseline)
-    against --loss full: the same loss curve and val losses to float noise (under ZeRO-3 the
-    tied head weight is gathered for the chunked head as for the plain one)."""
-    chunked, full = runs(stage, **WHOLE), runs(stage, **WHOLE, loss="full")
+    against --loss full and deepspeed: the same loss curve and val losses to float noise
+    (under ZeRO-3 the tied head weight is gathered for each head kind as for the plain one)."""
+    chunked, full = runs(stage, **WHOLE), runs(stage, **WHOLE, loss=loss)
     full_train, full_val = train_losses(full), val_losses(full)
     ours_train, ours_val = train_losses(chunked), val_losses(chunked)
     assert sorted(ours_train) == list(range(1, ITERS + 1)) and sorted(ours_val) == [2, ITERS]
@@ -157,16 +211,16 @@ def test_a_chunked_run_follows_the_full_logits_run(stage, runs):
 # ----------------------------------------------------------------------------- vocabulary padding
 
 
-def padded_pair(chunked: bool, pad_to: int = 64):
-    """A model with GPT-2's 50257 rows and the same model padded to a multiple of `pad_to`
-    (the padding rows random, as a fresh init leaves them), equal on every real row; with the
-    chunked loss, or GPT2LMHeadModel's full logits."""
+def padded_pair(loss: str | None, pad_to: int = 64):
+    """A plain GPT2LMHeadModel with GPT-2's 50257 rows and the same model padded to a multiple
+    of `pad_to` (the padding rows random, as a fresh init leaves them), equal on every real
+    row; the padded one taking the loss the `loss` way (None: GPT2LMHeadModel, by lm_loss)."""
     shape = ModelShape(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=50257)
     padded = padded_vocab(shape, pad_to)
     torch.manual_seed(0)
-    plain = build_model(shape, chunked_loss=chunked).train()
+    plain = build_model(shape).train()
     torch.manual_seed(1)
-    big = build_model(padded, chunked_loss=chunked).train()
+    big = build_model(padded, loss=loss).train()
     state = plain.state_dict()
     with torch.no_grad():
         for name, p in big.named_parameters():
@@ -184,14 +238,15 @@ def test_padding_rounds_the_vocabulary_up_and_keeps_the_tokens():
     assert padded.num_params() - shape.num_params() == 47 * 64
 
 
-@pytest.mark.parametrize("loss", ["chunked", "full"])
+@pytest.mark.parametrize("loss", [None, *LOSS_KINDS])
 def test_padding_rows_are_never_predicted(loss):
-    """Same loss and gradients as the unpadded model on every real row, for either loss; the
-    padding rows get exactly zero gradient (they take no probability)."""
-    plain, big, padded = padded_pair(chunked=loss == "chunked")
+    """Same loss and gradients as the unpadded model's reference on every real row, each kind
+    and lm_loss on a plain GPT2LMHeadModel (evaluation, export); the padding rows get exactly
+    zero gradient (they take no probability)."""
+    plain, big, padded = padded_pair(loss)
     x, y = batch()
-    expected = lm_loss(plain, x, y)
-    got = lm_loss(big, x, y)  # the full logits are sliced to the real rows there
+    expected = reference_loss(plain, x, y)
+    got = lm_loss(big, x, y)
     expected.backward()
     got.backward()
     assert abs(got.item() - expected.item()) < 1e-5

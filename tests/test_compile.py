@@ -1,6 +1,7 @@
 """--compile: a real 2-rank run compiled by torch.compile follows the eager run to float noise,
 reports its first (compiling) iteration apart, and a machine where inductor cannot work trains
-eager, saying so in a WARNING line; dynamo's process-wide `suppress_errors` is never set."""
+eager, saying so in a WARNING line; dynamo's process-wide `suppress_errors` is never set; the
+loss kinds `full` and `deepspeed` compile in the model's one graph, `chunked` stays eager."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from helpers.compared_runs import ITERS, WHOLE, compared_run
 from helpers.shared import shared_folder
 from support.runs import train_losses, val_losses
 
+from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, build_model, padded_vocab
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.run.config import parse_args
 from gpt_ds.training.engine_build import compile_blocker, compile_engine, wants_compile
@@ -68,6 +70,36 @@ def test_a_compiled_run_follows_the_eager_run(shakespeare_dir, tmp_path_factory)
     assert len(events) == 1 and events[0]["seconds"] > 0
 
 
+@pytest.mark.parametrize("loss", LOSS_KINDS)
+def test_the_logits_losses_compile_in_the_models_one_graph(loss):
+    """dynamo over the training model's forward with targets (the call `engine.compile()`'s
+    module gets): full and deepspeed trace whole, head and loss in one graph with no break;
+    chunked breaks before its disabled loss. Compiled (aot_eager: dynamo and AOT autograd,
+    without inductor's minutes of C++ here), loss and gradients equal eager's."""
+    shape = padded_vocab(ModelShape(n_layer=1, n_head=2, n_embd=32, block_size=16), 64)
+    torch.manual_seed(0)
+    model = build_model(shape, loss=loss).train()
+    x = torch.randint(0, shape.tokens, (2, 16))
+    y = torch.roll(x, -1, dims=1)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(input_ids=x, targets=y)
+    reasons = [str(b.reason) for b in explained.break_reasons]
+    if loss == "chunked":
+        assert any("chunked_cross_entropy" in r for r in reasons), reasons
+    else:
+        assert (explained.graph_count, reasons) == (1, []), reasons
+    eager = model(input_ids=x, targets=y)
+    eager.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")(input_ids=x, targets=y)
+    compiled.backward()
+    torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
 def test_auto_compiles_on_gpus_only():
     assert [wants_compile("auto", d) for d in ("cuda", "cpu")] == [True, False]
     assert wants_compile("on", "cpu") and not wants_compile("off", "cuda")
@@ -79,6 +111,14 @@ def test_manifests_saved_before_auto_still_replay(saved, mode, tmp_path):
     manifest = tmp_path / "gpt_ds.json"
     manifest.write_text(json.dumps({"tag": "final", "config": {"compile": saved}}))
     assert parse_args(["--config", str(manifest)]).compile == mode
+
+
+@pytest.mark.parametrize("saved", ["chunked", "full"])
+def test_manifests_saved_before_the_deepspeed_loss_still_replay(saved, tmp_path):
+    """A checkpoint's gpt_ds.json from when --loss had two kinds keeps its own."""
+    manifest = tmp_path / "gpt_ds.json"
+    manifest.write_text(json.dumps({"tag": "final", "config": {"loss": saved}}))
+    assert parse_args(["--config", str(manifest)]).loss == saved
 
 
 def test_the_flag_alone_means_on_and_the_default_is_auto():

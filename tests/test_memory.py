@@ -33,6 +33,7 @@ from gpt_ds.memory.estimate import (
     chunked_loss_bytes,
     comm_bytes_per_step,
     comm_seconds,
+    deepspeed_loss_bytes,
     estimate_run,
     largest_module_params,
     parameter_layout,
@@ -44,6 +45,7 @@ from gpt_ds.model.gpt2 import (
     ModelShape,
     build_model,
     enable_activation_checkpointing,
+    padded_vocab,
 )
 
 XL = MODEL_PRESETS["gpt2-xl"]
@@ -251,12 +253,12 @@ def test_format_is_a_few_readable_lines():
 
 
 def _saved_bytes(
-    shape: ModelShape, dtype, micro: int, checkpointing: bool, chunked: bool = False
+    shape: ModelShape, dtype, micro: int, checkpointing: bool, loss: str | None = None
 ) -> int:
     """Bytes autograd keeps for backward (parameters excluded), each storage once; through
-    GPT2LMHeadModel's own loss, or the training model's chunked one."""
+    GPT2LMHeadModel's own loss, or the training model's `loss` kind."""
     torch.manual_seed(0)
-    model = build_model(shape, chunked_loss=chunked).to(dtype).train()
+    model = build_model(shape, loss=loss).to(dtype).train()
     if checkpointing:
         enable_activation_checkpointing(model)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -270,7 +272,7 @@ def _saved_bytes(
 
     tokens = torch.randint(0, shape.vocab_size, (micro, shape.block_size))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        if chunked:
+        if loss:
             model(input_ids=tokens, targets=tokens)
         else:
             model(input_ids=tokens, labels=tokens)
@@ -479,10 +481,46 @@ def test_chunked_loss_keeps_what_the_formula_says(precision):
     the full-logits head keeps far more."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     shape, micro = ModelShape(2, 4, 256, 128), 8  # 1024 tokens, 256 wide
-    act = activation_bytes(shape, micro, precision, False, chunked_loss=True)
+    act = activation_bytes(shape, micro, precision, False, loss="chunked")
     kept, transient = chunked_loss_bytes(shape, micro, precision)
-    measured = _saved_bytes(shape, dtype, micro, False, chunked=True)
+    measured = _saved_bytes(shape, dtype, micro, False, loss="chunked")
     assert close(measured, act["layers"] + act["other"] + kept, 0.10), (measured, kept)
     assert act["logits"] == kept + transient
     full = _saved_bytes(shape, dtype, micro, False)
     assert full - measured > 0.5 * micro * shape.block_size * shape.vocab_size * 4
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_deepspeed_loss_keeps_what_the_formula_says(precision):
+    """--loss deepspeed keeps the logits in the run precision and a few bytes per token
+    (deepspeed_loss_bytes): measured saved bytes = layers + other + kept; in bf16 half what
+    the full path's fp32 log-softmax takes."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    shape, micro = ModelShape(2, 4, 256, 128), 8  # 1024 tokens, 256 wide
+    act = activation_bytes(shape, micro, precision, False, loss="deepspeed")
+    kept, made = deepspeed_loss_bytes(shape, micro, precision)
+    measured = _saved_bytes(shape, dtype, micro, False, loss="deepspeed")
+    assert close(measured, act["layers"] + act["other"] + kept, 0.10), (measured, kept)
+    assert act["logits"] == kept + made
+    logits = micro * shape.block_size * shape.vocab_size
+    full = _saved_bytes(shape, dtype, micro, False, loss="full")
+    assert full - measured > (0.5 * logits * 2 if precision == "bf16" else -0.1 * logits)
+
+
+def test_the_loss_kinds_order_as_their_arithmetic_says():
+    """GPT-2 124M (vocabulary padded to 50304), micro-batch 16 at block 1024, bf16: 16,384
+    tokens x 50,304 = 824M logits. full: 12 bytes each (fp32 log-softmax kept, two fp32
+    gradients in backward), 9.21 GiB; deepspeed: the bf16 logits kept and their bf16 gradient,
+    4 bytes each, 3.07 GiB; chunked: the head's two gradients, one 1,334-token chunk and the
+    fp32 weight-gradient accumulator, 0.69 GiB. full > deepspeed > chunked, in the loss's bytes
+    and in the per-GPU total (the rest is the same)."""
+    shape = padded_vocab(MODEL_PRESETS["gpt2"], 64)
+    kinds = ("full", "deepspeed", "chunked")
+    est = {k: run(shape, micro_batch_size=16, precision="bf16", loss=k) for k in kinds}
+    logits = [e.detail["logits"] / GiB for e in est.values()]
+    assert [round(g, 2) for g in logits] == [9.21, 3.07, 0.69]
+    assert est["full"].total > est["deepspeed"].total > est["chunked"].total
+    assert est["full"].total - est["deepspeed"].total == pytest.approx((9.21 - 3.07) * GiB, 0.01)
+    assert "DeepSpeed's loss 3.07 GiB" in est["deepspeed"].format()
+    with pytest.raises(ConfigError, match="loss must be one of chunked, deepspeed, full"):
+        run(shape, loss="fused")

@@ -33,7 +33,7 @@ def estimate(micro_batch_size: int, world_size: int = 2):
         micro_batch_size=micro_batch_size,
         precision="fp32",
         activation_checkpointing=False,
-        chunked_loss=True,
+        loss="chunked",
     )
     return estimate_run(resolve_shape("gpt2-tiny", block_size=64), run)
 

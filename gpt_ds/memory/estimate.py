@@ -101,8 +101,8 @@ class DeepSpeedRun:
     micro_batch_size: int
     precision: str
     activation_checkpointing: bool
-    chunked_loss: bool = False
-    """The LM loss is computed in chunks (--loss chunked): no full logits (`logit_bytes`)."""
+    loss: str = "full"
+    """How the LM loss is taken (--loss; gpt2.LOSS_KINDS): what its logits cost (`logit_bytes`)."""
     zero: ZeroSettings = ZeroSettings()
     """Bucket, prefetch and persistence sizes; DeepSpeed 0.19's defaults unless given."""
     rank: int | None = None
@@ -116,7 +116,7 @@ class DeepSpeedRun:
         world_size: int,
         gpus_per_node: int,
         activation_checkpointing: bool,
-        chunked_loss: bool,
+        loss: str,
     ) -> DeepSpeedRun:
         """The run a resolved DeepSpeed config describes, on `world_size` ranks."""
         zero = resolved.config.get("zero_optimization", {})
@@ -129,7 +129,7 @@ class DeepSpeedRun:
             micro_batch_size=resolved.micro_batch_size,
             precision=resolved.precision,
             activation_checkpointing=activation_checkpointing,
-            chunked_loss=chunked_loss,
+            loss=loss,
             zero=ZeroSettings.from_ds_config(zero),
         )
 
@@ -226,7 +226,7 @@ class MemoryEstimate:
         def g(x: int) -> str:
             return f"{x / GiB:.2f} GiB"
 
-        loss = "chunked loss" if self.run.chunked_loss else "logits"
+        loss = LOSS_NAMES.get(self.run.loss, self.run.loss)
         return "\n".join(
             [
                 f"  {self.describe()}; per GPU:",
@@ -267,6 +267,8 @@ def _check_run(shape: ModelShape, run: DeepSpeedRun) -> None:
     problems += [f"{name} must be >= 1, got {v}" for name, v in counts.items() if v < 1]
     if run.precision not in PRECISION_BYTES:
         problems.append(f"precision must be bf16, fp16 or fp32, got {run.precision!r}")
+    if run.loss not in LOSS_NAMES:
+        problems.append(f"loss must be one of {', '.join(LOSS_NAMES)}, got {run.loss!r}")
     if run.rank is not None and not 0 <= run.rank < max(1, run.world_size):
         problems.append(f"rank must be in [0, world_size), got {run.rank}")
     if problems:
@@ -292,7 +294,7 @@ def estimate_run(shape: ModelShape, run: DeepSpeedRun) -> MemoryEstimate:
         run.micro_batch_size,
         run.precision,
         run.activation_checkpointing,
-        chunked_loss=run.chunked_loss,
+        loss=run.loss,
     )
     buffers = _buffers(shape, run.zero_stage, run.world_size, run.precision, run.zero)
     cpu = _cpu_per_node(
@@ -601,11 +603,36 @@ def chunked_loss_bytes(shape: ModelShape, micro_batch_size: int, precision: str)
     return kept, accumulator + chunk
 
 
-def logit_bytes(shape: ModelShape, micro_batch_size: int, precision: str, chunked: bool) -> int:
-    """Peak bytes of the LM head's loss for one micro-batch: the full logits'
-    LOGIT_BYTES_PER_ELEMENT x tokens x vocab (GPT2LMHeadModel), or the chunked loss's."""
-    if chunked:
+def deepspeed_loss_bytes(
+    shape: ModelShape, micro_batch_size: int, precision: str
+) -> tuple[int, int]:
+    """(kept for backward, made in backward) bytes of DeepSpeed's chunked cross-entropy over
+    the logits (--loss deepspeed; model/logits_loss.py).
+
+    Kept: the logits in the run precision (tokens x vocab x w), and per token its fp32
+    log-sum-exp and int64 target. Made in backward, while those are alive: the logits'
+    gradient, in their own dtype. No fp32 (tokens x vocab) tensor: on GPUs a Triton kernel
+    reads the logits once per pass; elsewhere its PyTorch backend adds a 256 MiB fp32 block,
+    left out here (the GPU's figure, as for the chunked loss).
+    """
+    tokens = micro_batch_size * shape.block_size
+    logits = tokens * shape.vocab_size * PRECISION_BYTES[precision]
+    return logits + tokens * (4 + 8), logits
+
+
+# Names of the loss kinds in MemoryEstimate.format's activations part.
+LOSS_NAMES = {"chunked": "chunked loss", "deepspeed": "DeepSpeed's loss", "full": "logits"}
+
+
+def logit_bytes(shape: ModelShape, micro_batch_size: int, precision: str, loss: str) -> int:
+    """Peak bytes of the LM head's loss for one micro-batch, by `loss` kind (gpt2.LOSS_KINDS):
+    full: the fp32 logits' LOGIT_BYTES_PER_ELEMENT x tokens x vocab (GPT2LMHeadModel's loss);
+    deepspeed: the logits and their gradient in the run precision (deepspeed_loss_bytes);
+    chunked: the chunked loss's two gradients and one chunk (chunked_loss_bytes)."""
+    if loss == "chunked":
         return sum(chunked_loss_bytes(shape, micro_batch_size, precision))
+    if loss == "deepspeed":
+        return sum(deepspeed_loss_bytes(shape, micro_batch_size, precision))
     return LOGIT_BYTES_PER_ELEMENT * micro_batch_size * shape.block_size * shape.vocab_size
 
 
@@ -615,7 +642,7 @@ def activation_bytes(
     precision: str,
     activation_checkpointing: bool,
     sdpa: bool = True,
-    chunked_loss: bool = False,
+    loss: str = "full",
 ) -> dict[str, int]:
     """Bytes kept for backward on one GPU: {"layers", "logits", "other"}.
 
@@ -634,7 +661,7 @@ def activation_bytes(
         layers = shape.n_layer * full_layer
     return {
         "layers": int(layers),
-        "logits": logit_bytes(shape, micro_batch_size, precision, chunked_loss),
+        "logits": logit_bytes(shape, micro_batch_size, precision, loss),
         "other": int(4 * s * b * h * scale),  # embedding output, final LayerNorm in/out
     }
 

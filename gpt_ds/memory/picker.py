@@ -44,7 +44,7 @@ DS_CONFIG_DIR = PRESET_DIR  # the presets, installed or in a checkout
 DEFAULT_GPU_TFLOPS = {"bf16": 100.0, "fp16": 100.0, "fp32": 25.0}  # achieved, per GPU
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeedCPUAdam, per node
 RECOMPUTE_FACTOR = 4 / 3  # activation checkpointing re-runs the forward: 8 instead of 6 FLOPs
-CHUNKED_LOSS = True  # the trainer's default --loss chunked: no full logits (memory/estimate.py)
+LOSS = "chunked"  # the trainer's default --loss: no full logits (memory/estimate.py)
 
 
 # What the picker tries (each with and without activation checkpointing): the plain
@@ -206,7 +206,7 @@ def preset_run(
             micro_batch_size=1,
             precision=precision,
             activation_checkpointing=False,
-            chunked_loss=CHUNKED_LOSS,
+            loss=LOSS,
         )
     settings = RunSettings(
         world_size=hw.world_size,
@@ -224,7 +224,7 @@ def preset_run(
         world_size=hw.world_size,
         gpus_per_node=hw.gpus_per_node,
         activation_checkpointing=False,
-        chunked_loss=CHUNKED_LOSS,
+        loss=LOSS,
     )
     return dataclasses.replace(run, precision=precision)
 

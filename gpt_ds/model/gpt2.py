@@ -11,8 +11,12 @@ from dataclasses import dataclass, replace
 import torch
 
 from gpt_ds.base.errors import ConfigError
+from gpt_ds.model.logits_loss import full_cross_entropy
 
 GPT2_VOCAB_SIZE = 50257
+# How the training model takes the LM loss (--loss; training_model.py): from the hidden states a
+# chunk at a time, DeepSpeed's chunked cross-entropy over the logits, or the fp32 logits whole.
+LOSS_KINDS = ("chunked", "deepspeed", "full")
 
 
 @dataclass(frozen=True)
@@ -171,15 +175,15 @@ def build_model(
     shape: ModelShape,
     dropout: float = 0.0,
     init_from: str = "scratch",
-    chunked_loss: bool = False,
+    loss: str | None = None,
     zero3_config: dict | None = None,
 ):
     """A `GPT2LMHeadModel`: freshly initialised, or loaded from a Hugging Face directory/name,
     with causal SDPA attention that builds no mask (CAUSAL_SDPA: whole windows only) and
     torch's fused tanh GELU (`use_fused_gelu`).
 
-    With `chunked_loss` it is training_model.GPT2TrainingModel, the same model whose forward
-    also computes the loss without the full logits (see `lm_loss`). `init_from` other than
+    With a `loss` kind (LOSS_KINDS) it is training_model.GPT2TrainingModel, the same model whose
+    forward also computes the loss that way (see `lm_loss`). `init_from` other than
     "scratch" is passed to `from_pretrained`; the hub is only reached where the machine can,
     so offline clusters pass a local directory. With a ZeRO-3 DeepSpeed config the model is
     built partitioned (zero3.py): no rank ever holds it whole.
@@ -189,7 +193,9 @@ def build_model(
     from gpt_ds.model.training_model import GPT2TrainingModel
     from gpt_ds.model.zero3 import fresh_model, hf_zero3
 
-    cls = GPT2TrainingModel if chunked_loss else GPT2LMHeadModel
+    if loss not in (None, *LOSS_KINDS):
+        raise ValueError(f"loss {loss!r}: expected one of {LOSS_KINDS} or None")
+    cls = GPT2LMHeadModel if loss is None else GPT2TrainingModel
     attention = register_causal_sdpa()
     if init_from == "scratch":
         cfg = gpt2_config(shape, dropout)
@@ -205,6 +211,8 @@ def build_model(
                 attn_pdrop=dropout,
             )
     use_fused_gelu(model)
+    if loss is not None:
+        model.lm_head.kind = loss
     return model
 
 
@@ -247,21 +255,17 @@ def flops_per_token(shape: ModelShape) -> float:
 def lm_loss(model, x: torch.Tensor, y: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy of `model` (a GPT2LMHeadModel or a DeepSpeed engine around one).
 
-    x, y: (B, T) token ids, y = x shifted by one. A GPT2TrainingModel computes it chunk by
-    chunk (chunked_loss.py); any other GPT-2 from the full logits, upcast to fp32.
+    x, y: (B, T) token ids, y = x shifted by one. A GPT2TrainingModel computes it inside its
+    forward, its head's way (LOSS_KINDS); any other GPT-2 from the full logits, upcast to fp32
+    (logits_loss.py), padding rows never predicted.
     """
     module = getattr(model, "module", model)
     if getattr(module, "takes_targets", False):
         loss = model(input_ids=x, targets=y)
         return loss * y.numel() if reduction == "sum" else loss
     logits = model(input_ids=x, use_cache=False).logits  # (B, T, V)
-    logits = logits.float()
     tokens = getattr(module.config, "token_vocab_size", None)
-    if tokens:  # padding rows are never predicted; in place: a slice would copy the logits
-        logits[..., tokens:] = float("-inf")
-    return torch.nn.functional.cross_entropy(
-        logits.view(-1, logits.size(-1)), y.reshape(-1), reduction=reduction
-    )
+    return full_cross_entropy(logits, y, tokens, reduction)
 
 
 def pretrained_shape(init_from: str, block_size: int | None = None) -> ModelShape:

@@ -1,5 +1,10 @@
 """The model gpt_ds trains: `GPT2LMHeadModel`, whose forward also takes `targets` and then
-returns the chunked loss (chunked_loss.py) instead of the full logits.
+returns the mean LM loss instead of the logits, taken the head's `kind` way (`--loss`):
+
+- chunked: chunked_loss.py, from the hidden states, never the whole logits;
+- deepspeed: the logits, then DeepSpeed's chunked cross-entropy (logits_loss.py);
+- full: the logits upcast to fp32, then torch's cross-entropy, as nanoGPT's `model(idx,
+  targets)`: under `--compile` inductor fuses head, upcast and cross-entropy in one graph.
 
 Same modules, parameter names and weights as GPT-2 (checkpoints and exports are unchanged); only
 the head's forward learns a second use. The loss is computed inside `lm_head`'s own forward so
@@ -15,11 +20,13 @@ from transformers import GPT2LMHeadModel
 
 from gpt_ds.base.phases import phase
 from gpt_ds.model.chunked_loss import chunked_cross_entropy
+from gpt_ds.model.logits_loss import deepspeed_cross_entropy, full_cross_entropy
 
 
 class LossHead(torch.nn.Linear):
     """GPT-2's LM head: logits as usual, or, given `targets`, their mean cross-entropy."""
 
+    kind: str = "chunked"  # how the loss is taken: gpt2.LOSS_KINDS (build_model sets it)
     chunk_rows: int | None = None  # tokens per chunk; None: chunked_loss.chunk_rows
     grad_block: int | None = None  # tokens per gathered gradient; None: chunked_loss.block_rows
     tokens: int | None = None  # the real vocabulary when the rows are padded beyond it
@@ -28,9 +35,14 @@ class LossHead(torch.nn.Linear):
         if targets is None:
             return super().forward(hidden)
         with phase("loss"):
-            return chunked_cross_entropy(
-                hidden, self.weight, targets, self.chunk_rows, self.tokens, self.grad_block
-            )
+            if self.kind == "chunked":
+                return chunked_cross_entropy(
+                    hidden, self.weight, targets, self.chunk_rows, self.tokens, self.grad_block
+                )
+            logits = super().forward(hidden)  # (B, T, V) in the run's precision
+            if self.kind == "deepspeed":
+                return deepspeed_cross_entropy(logits, targets, self.tokens)
+            return full_cross_entropy(logits, targets, self.tokens)
 
 
 class GPT2TrainingModel(GPT2LMHeadModel):

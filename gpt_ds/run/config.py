@@ -31,7 +31,7 @@ from gpt_ds.dsconfig.resolve import (
 )
 from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, decay_flag
 from gpt_ds.dsconfig.schema import PRESETS, preset_path
-from gpt_ds.model.gpt2 import MODEL_PRESETS, resolve_shape, shape_problems
+from gpt_ds.model.gpt2 import LOSS_KINDS, MODEL_PRESETS, resolve_shape, shape_problems
 from gpt_ds.observe.metrics import RELEASE_CHOICES
 
 option = cli.option
@@ -76,10 +76,14 @@ class RunConfig:
     )
     loss: str = option(
         "chunked",
-        "chunked: the LM loss and its gradients a chunk of tokens at a time, never all the "
-        "tokens x vocabulary logits at once (less memory, faster); full: from the full logits, "
-        "as GPT2LMHeadModel computes it (same value to float rounding).",
-        choices=("chunked", "full"),
+        "How the model's forward takes the LM loss, the same value each way to float rounding. "
+        "chunked: a chunk of tokens at a time, never the whole tokens x vocabulary logits "
+        "(least memory; the default on GPUs too, until a GPU table shows another kind faster "
+        "at no more peak memory than nanoGPT's recipe); deepspeed: the logits, then "
+        "DeepSpeed's chunked cross-entropy (a Triton kernel on GPUs; no fp32 copy of them); "
+        "full: the logits upcast to fp32 and torch's cross-entropy, as nanoGPT does "
+        "(--compile fuses head, upcast and loss).",
+        choices=LOSS_KINDS,
     )
     vocab_multiple: int = option(
         64,

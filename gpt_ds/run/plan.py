@@ -208,7 +208,7 @@ def check_machine(cfg: RunConfig, ds: ResolvedDsConfig, shape: ModelShape) -> Me
         world_size=dist.world_size(),
         gpus_per_node=dist.local_world_size(),
         activation_checkpointing=cfg.activation_checkpointing,
-        chunked_loss=cfg.loss == "chunked",
+        loss=cfg.loss,
     )
     estimate = estimate_run(shape, run)
     if not cfg.ignore_memory_estimate:

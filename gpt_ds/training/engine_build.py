@@ -141,8 +141,15 @@ def make_sync_free(engine: Any, precision: str) -> str:
 # `engine.compile()` itself refusing. Nothing else is hidden: dynamo's process-wide
 # `suppress_errors` is left as torch sets it, so a graph that fails to compile later is torch's to
 # report, with its own error.
-# The chunked loss stays eager (`torch.compiler.disable` in chunked_loss.py): it is a loop of
-# large matmuls that compile would only unroll.
+# The loss is taken inside the compiled forward (model/training_model.py), by `--loss` kind:
+# - full: head, fp32 upcast and cross-entropy in the one graph, for inductor to fuse (as
+#   nanoGPT's compiled `model(idx, targets)`);
+# - deepspeed: dynamo traces DeepSpeed's autograd.Function, forward and backward as written, into
+#   the same graph, no break (tests/test_compile.py, on CPU, where its PyTorch backend runs); on
+#   GPUs its Triton kernels enter the graph as user-defined Triton kernels, which torch.compile
+#   supports (not yet run on a GPU);
+# - chunked stays eager (`torch.compiler.disable` in chunked_loss.py): a loop of large matmuls
+#   that compile would only unroll; the graph breaks before it.
 
 
 def compile_blocker(device_type: str) -> str | None:
@@ -195,7 +202,7 @@ def build_engine(plan: RunPlan):
         shape,
         cfg.dropout,
         weights,
-        chunked_loss=cfg.loss == "chunked",
+        loss=cfg.loss,
         zero3_config=ds.config if ds.zero_stage == 3 else None,  # built partitioned
     )
     if init.checkpoint is not None:
