@@ -26,6 +26,7 @@ from helpers.shared import (
     module_scheduling,
     shared_folder,
 )
+from helpers.venvs import floor_torch_venv
 from support.faults import Launch  # noqa: E402
 from support.launch import (  # noqa: E402
     REPO,
@@ -139,6 +140,16 @@ def shakespeare_dir(tmp_path_factory) -> Path:
     prepare = [str(REPO / "tools" / "prepare_data.py"), "--out_dir", str(out)]
     made_once(out, lambda out: run_python(prepare, timeout=300).stdout)
     return out
+
+
+@pytest.fixture(scope="session")
+def floor_torch(tmp_path_factory) -> Path:
+    """A venv holding only pip and pyproject.toml's floor torch (helpers.venvs), made once a
+    session for both workers (a ~2.5 GB download); copy it (`venv_copy`), never install into it."""
+    venv = shared_folder(tmp_path_factory, "floor-torch") / "venv"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "GPT_DS_"))}
+    made_once(venv, lambda venv: str(floor_torch_venv(venv, REPO / "pyproject.toml", env)))
+    return venv
 
 
 @pytest.fixture(scope="session")

@@ -1,63 +1,66 @@
-"""Every main path runs with the runtime dependencies alone, at their declared floors.
+"""Every main path runs with the runtime dependencies alone, at their declared floors, in the
+torch that was there first.
 
 `launchers/setup_env.sh` installs every extra, so the rest of the suite cannot see a missing
 runtime dependency (the ZeRO-3 fine-tuning recipe needed `accelerate`, declared only in an
 extra) or a floor nothing proves (`transformers>=4.45` lacked what every ZeRO-3 build uses).
-Here a fresh venv gets `pip install -e .` (no extras) with each dependency pinned to the floor
-pyproject.toml declares, and each main path runs once from it: prepare, train under ZeRO-1/2/3,
-resume, `--init_from` a small pretrained GPT-2 under ZeRO-3, export, sample, the picker.
+Here a venv that already holds the floor's torch (a GPU image's own: conftest `floor_torch`,
+PyPI's build, which runs on the CPU) gets `pip install -e .` (no extras) with each other
+dependency pinned to the floor pyproject.toml declares; pip must keep that torch. Each main
+path then runs once from it: prepare, train under ZeRO-1/2/3, resume, `--init_from` a small
+pretrained GPT-2 under ZeRO-3, export, sample, the picker.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers.venvs import linked_venv
+from helpers.venvs import declared_floors, venv_copy
 from support.launch import REPO, TRAIN, launch_env, run_checked, tiny_run_args
 
 pytestmark = pytest.mark.slow
 
 EXTRAS_ABSENT = ("pytest", "tensorboard", "wandb", "matplotlib", "datasets", "pyarrow")
-
-
-def declared_floors() -> list[str]:
-    """`name==floor` for each runtime dependency of pyproject.toml (`name>=floor,...`)."""
-    text = (REPO / "pyproject.toml").read_text()
-    block = re.search(r"^dependencies = \[\n(.*?)^\]", text, re.S | re.M)
-    assert block, "pyproject.toml: no dependencies = [...] block"
-    deps = re.findall(r'^\s*"([^"]+)",', block[1], re.M)
-    pins = []
-    for dep in deps:
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9.]+)(,.*)?", dep)
-        assert match, f"pyproject.toml: {dep!r} declares no floor (name>=X)"
-        pins.append(f"{match[1]}=={match[2]}")
-    return pins
+FLOORS = declared_floors(REPO / "pyproject.toml")
 
 
 @pytest.fixture(scope="module")
-def floor_venv(tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    """(venv, environment) of `pip install -e .` with every runtime dependency at its floor."""
-    venv = tmp_path_factory.mktemp("floor") / "venv"
-    linked_venv(venv, "pip", "torch")  # pip replaces this torch if it is not the floor's
-    pins = tmp_path_factory.getbasetemp() / "floors.txt"
-    pins.write_text("\n".join(declared_floors()) + "\n")
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet"]
+def floor_venv(floor_torch, tmp_path_factory) -> tuple[Path, dict[str, str], list[str]]:
+    """(venv, environment, what pip installed) of `pip install -e .` into a copy of the floor
+    torch's venv, every other runtime dependency pinned to its floor."""
+    folder = tmp_path_factory.mktemp("floor")
+    venv = folder / "venv"
+    python = venv_copy(floor_torch, venv)
+    pins = folder / "floors.txt"
+    pins.write_text("\n".join(pin for pin in FLOORS if not pin.startswith("torch==")) + "\n")
     env = launch_env()
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     env["TORCH_EXTENSIONS_DIR"] = str(venv / "torch_extensions")  # its own DeepSpeed sources
     env.pop("PYTHONPATH", None)
+    report = folder / "pip-report.json"
+    pip = [python, "-m", "pip", "install", "--quiet", "--no-cache-dir", "--report", report]
     run_checked([*pip, "-c", pins, "-e", REPO], REPO, env, timeout=900)
-    return venv, env
+    installed = [i["metadata"]["name"] for i in json.loads(report.read_text())["install"]]
+    return venv, env, installed
+
+
+def test_pip_keeps_the_torch_that_was_there(floor_venv):
+    """The floor's torch was installed first: `pip install -e .` downloads and replaces none."""
+    venv, env, installed = floor_venv
+    assert "gpt_ds" in installed or "gpt-ds" in installed, installed
+    torches = [name for name in installed if name.lower() == "torch" or "nvidia" in name]
+    assert not torches, installed
 
 
 def test_the_venv_holds_the_floors_and_no_extra(floor_venv):
-    venv, env = floor_venv
+    venv, env, _ = floor_venv
     python = venv / "bin" / "python"
     listed = run_checked([python, "-m", "pip", "list", "--format=freeze"], REPO, env).lower()
-    for pin in declared_floors():
+    for pin in FLOORS:
         name, version = pin.lower().split("==")
         found = re.search(rf"^{re.escape(name).replace('_', '[-_]')}==([^\n]+)$", listed, re.M)
         assert found and found[1].startswith(version), f"{pin}: {found and found[0]}"
@@ -68,7 +71,7 @@ def test_the_venv_holds_the_floors_and_no_extra(floor_venv):
 def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
     """Each path in its own processes of the floor venv, one rank each (OMP_NUM_THREADS=1):
     the independent chains run two at a time, one per core."""
-    venv, env = floor_venv
+    venv, env, _ = floor_venv
     python, deepspeed = venv / "bin" / "python", venv / "bin" / "deepspeed"
     data = tmp_path / "data"
     run_checked([venv / "bin" / "gpt-ds-prepare", "--out_dir", data], REPO, env)
@@ -87,8 +90,8 @@ def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
 
     def zero3_gets_gpt2s_init() -> None:
         """A fresh ZeRO-3 build at the floor gets GPT-2's init: one step at lr 1e-30 keeps
-        it, and the residual projections' std is 0.02/sqrt(2 x 4 layers) (transformers < 5.23:
-        0.02)."""
+        it, and the residual projections' std is 0.02/sqrt(2 x 4 layers) (gpt_ds's own ZeRO-3
+        init: transformers < 5.23's left them at 0.02)."""
         train(tmp_path / "zero3", deepspeed_config="ds_configs/zero3.json", max_iters=1, lr=1e-30)
         std_ratio = (
             "import sys; from deepspeed.utils.zero_to_fp32 import "

@@ -8,7 +8,6 @@ import torch
 from support.launch import run_deepspeed, tiny_run_args
 
 from gpt_ds.model.gpt2 import build_model, padded_vocab, resolve_shape
-from gpt_ds.model.zero3 import zero3_init_problem
 
 
 @pytest.mark.slow
@@ -38,6 +37,7 @@ def test_initial_weights_equal_a_one_process_build(stage, device, shakespeare_di
         eval_iters=1,
         lr=1e-30,
         warmup_iters=0,
+        compile="off",  # the weights are the point: on a GPU, no minute of compiling
     )
     run_deepspeed(args, num_gpus=2 if device == "cpu" else 1)
     saved = get_fp32_state_dict_from_zero_checkpoint(str(out), tag="final")
@@ -55,18 +55,3 @@ def test_initial_weights_equal_a_one_process_build(stage, device, shakespeare_di
     assert saved["transformer.wte.weight"].std().item() == pytest.approx(0.02, rel=0.05)
     c_proj = saved["transformer.h.0.mlp.c_proj.weight"].std().item()
     assert c_proj == pytest.approx(0.02 / 8**0.5, rel=0.05)
-
-
-@pytest.mark.parametrize(
-    "version,refused",
-    [("5.17.0", True), ("5.22.2", True), ("5.3.0", True), ("5.23.0", False), ("5.24.0.dev0", False),
-     ("6.0.0", False)],
-)  # fmt: skip
-def test_a_transformers_whose_zero3_init_skips_gpt2s_scaled_init_is_refused(version, refused):
-    """Seen on an H200 node with transformers 5.17: ZeRO-3's c_proj kept std 0.02 (its child's
-    re-draw ran on an empty shard; fixed in 5.23's initialize_weights_zero3). The floor venv of
-    test_runtime_deps checks the std at 5.23 for real."""
-    problem = zero3_init_problem(version)
-    assert (problem is not None) == refused
-    if refused:
-        assert version in problem and "pip install -U 'transformers>=5.23'" in problem

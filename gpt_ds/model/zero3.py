@@ -15,16 +15,9 @@ build's with the same seed (the RNG draws the same values in the same order on r
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 
 import torch
-
-# transformers' initialize_weights_zero3 gathers a module's children's parameters for its
-# _init_weights from 5.23 on; before, GPT2Attention/GPT2MLP's re-draw of their child c_proj ran
-# on an empty shard, so GPT-2's scaled init of the residual projections silently never happened
-# (seen on an H200 node with 5.17; the fix is in transformers/integrations/deepspeed.py, 5.23).
-ZERO3_INIT_MIN_TRANSFORMERS = (5, 23)
 
 
 @contextlib.contextmanager
@@ -45,21 +38,6 @@ def hf_zero3(ds_config: dict | None) -> Iterator[None]:
         del keep
 
 
-def zero3_init_problem(transformers_version: str) -> str | None:
-    """Why a fresh GPT-2 built partitioned under ZeRO-3 with this transformers would not get
-    GPT-2's initialisation, with the fix; None when it would."""
-    found = re.match(r"(\d+)\.(\d+)", transformers_version)
-    if found is None or (int(found[1]), int(found[2])) >= ZERO3_INIT_MIN_TRANSFORMERS:
-        return None
-    need = ".".join(map(str, ZERO3_INIT_MIN_TRANSFORMERS))
-    return (
-        f"a fresh model under ZeRO-3 needs transformers >= {need}: {transformers_version}'s "
-        "ZeRO-3 initialisation skips GPT-2's scaled init of the residual projections (c_proj "
-        f"std 0.02 instead of 0.02/sqrt(2 x n_layer)). Fix: pip install -U 'transformers>={need}'"
-        " (or start from a checkpoint, --init_from, or another ZeRO stage)"
-    )
-
-
 def fresh_model(cls: type, config, zero3_config: dict | None) -> torch.nn.Module:
     """`cls(config)` with GPT-2's initialisation, partitioned when `zero3_config` is given."""
     from transformers.initialization import no_init_weights
@@ -75,8 +53,41 @@ def fresh_model(cls: type, config, zero3_config: dict | None) -> torch.nn.Module
         if zero3_config is None:
             model.initialize_weights()
         else:
-            from transformers.integrations.deepspeed import initialize_weights_zero3
-
             initialize_weights_zero3(model)
     model.tie_weights()
     return model
+
+
+def initialize_weights_zero3(model) -> None:
+    """transformers' `initialize_weights` on a partitioned model: each module's parameters and
+    its direct children's gathered, rank 0 drawing, sub-models dispatched to their own init.
+
+    transformers has its own (`integrations.deepspeed.initialize_weights_zero3`), but before
+    5.23 it gathered only a module's own parameters, so GPT2Attention's and GPT2MLP's re-draw of
+    their child `c_proj` (GPT-2's scaled init, std 0.02/sqrt(2 x n_layer)) ran on an empty shard
+    and silently kept std 0.02 (seen on an H200 node with 5.17). This is 5.23's, on the
+    transformers 5 methods it calls (`_initialize_weights`, `guard_torch_init_functions`), so
+    every transformers gpt_ds installs with gives the same weights.
+    """
+    import deepspeed
+    from transformers.initialization import guard_torch_init_functions
+    from transformers.modeling_utils import PreTrainedModel
+
+    is_remote_code = model.is_remote_code()
+
+    def init(module: torch.nn.Module, fn) -> None:
+        for child in module.children():
+            init(child, child._initialize_weights if isinstance(child, PreTrainedModel) else fn)
+        params = list(module.parameters(recurse=False))
+        for child in module.children():  # _init_weights may draw a direct child's weights
+            if not isinstance(child, PreTrainedModel):
+                params.extend(child.parameters(recurse=False))
+        if not params:
+            fn(module, is_remote_code)
+            return
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+            if deepspeed.comm.get_rank() == 0:
+                fn(module, is_remote_code)
+
+    with torch.no_grad(), guard_torch_init_functions():
+        init(model, model._initialize_weights)

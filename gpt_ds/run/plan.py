@@ -111,7 +111,6 @@ def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
     length = run_length(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
     check_monitors(ds.config)
     check_not_past(resume, length)
-    check_fresh_zero3(ds, init, resume, cfg.deepspeed_config)
     notes = check_resume(resume, cfg, ds, shape, data.identity())
     estimate = check_machine(cfg, ds, shape)
     for line in [*notes, *([length.line] if length.line else [])]:
@@ -165,20 +164,6 @@ def deepspeed_config(cfg: RunConfig, shape: ModelShape, train_tokens: int) -> Re
         return run_length(cfg, sequences_per_step * shape.block_size, train_tokens).decay_iters
 
     return resolve_ds_config(raw, settings, cfg.deepspeed_config, decay_steps)
-
-
-def check_fresh_zero3(
-    ds: ResolvedDsConfig, init: InitSource, resume: CheckpointRef | None, source: str
-) -> None:
-    """A model built fresh under ZeRO-3 needs a transformers whose ZeRO-3 init is GPT-2's."""
-    if ds.zero_stage == 3 and init.is_scratch and resume is None:
-        from importlib.metadata import version  # importing transformers here would take seconds
-
-        from gpt_ds.model.zero3 import zero3_init_problem
-
-        problem = zero3_init_problem(version("transformers"))
-        if problem:
-            raise ConfigError(problem, source)
 
 
 def check_resume(

@@ -1,13 +1,21 @@
-"""A fresh venv that already holds some of this environment's distributions (pip, torch and
-what they require), hard-linked instead of installed: a "node that has torch" in about a
-second, where `pip install torch` takes ~35 s here and compiles every module again. pip in the
-venv sees them as installed (their dist-info comes along) and removes them as its own."""
+"""Venvs for the tests that install gpt_ds as a user would.
+
+`linked_venv`: a fresh venv that already holds some of this environment's distributions (pip,
+torch and what they require), hard-linked instead of installed: a "node that has torch" in
+about a second, where `pip install torch` takes ~35 s here and compiles every module again. pip
+in the venv sees them as installed (their dist-info comes along) and removes them as its own.
+
+`floor_torch_venv`: a venv holding the torch of pyproject.toml's floor, which is not this
+environment's (PyPI's Linux build, CUDA libraries and all, ~2.5 GB: it runs on the CPU), made
+once a session; `venv_copy` gives each test its own hard-linked copy of it.
+"""
 
 from __future__ import annotations
 
 import errno
 import importlib.metadata as metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,3 +69,34 @@ def link_files(dist: metadata.Distribution, site: Path) -> None:
             if e.errno != errno.EXDEV:
                 raise
             shutil.copy2(source, target)  # another filesystem: a copy
+
+
+def declared_floors(pyproject: Path) -> list[str]:
+    """`name==floor` for each runtime dependency of pyproject.toml (`name>=floor,...`)."""
+    text = pyproject.read_text()
+    block = re.search(r"^dependencies = \[\n(.*?)^\]", text, re.S | re.M)
+    assert block, f"{pyproject}: no dependencies = [...] block"
+    deps = re.findall(r'^\s*"([^"]+)",', block[1], re.M)
+    pins = []
+    for dep in deps:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9.]+)(,.*)?", dep)
+        assert match, f"{pyproject}: {dep!r} declares no floor (name>=X)"
+        pins.append(f"{match[1]}=={match[2]}")
+    return pins
+
+
+def floor_torch_venv(venv: Path, pyproject: Path, env: dict[str, str]) -> Path:
+    """`venv` with pip (linked) and torch at pyproject's floor, installed by pip from the index
+    with no cache (nothing written outside `venv`); its python."""
+    python = linked_venv(venv, "pip")
+    torch = next(pin for pin in declared_floors(pyproject) if pin.startswith("torch=="))
+    install = [str(python), "-m", "pip", "install", "--quiet", "--no-cache-dir", torch]
+    subprocess.run(install, env=env, check=True, capture_output=True, timeout=1200)
+    return python
+
+
+def venv_copy(source: Path, venv: Path) -> Path:
+    """A copy of `source` at `venv`, every file hard-linked (pip unlinks what it replaces, so
+    neither changes the other); its python. Entry scripts in bin/ still name `source`."""
+    subprocess.run(["cp", "-al", str(source), str(venv)], check=True)
+    return venv / "bin" / "python"
