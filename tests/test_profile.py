@@ -10,7 +10,13 @@ import torch
 from support.launch import STAGE_RUN_ITERS, run_deepspeed, tiny_run_args
 from support.runs import train_losses
 
-from gpt_ds.observe.profile import PROFILE_STEPS, WARMUP_STEPS, StepProfiler, profile_window
+from gpt_ds.observe.profile import (
+    PROFILE_STEPS,
+    SYNC_DEBUG_ENV,
+    WARMUP_STEPS,
+    StepProfiler,
+    profile_window,
+)
 
 
 def test_the_window_follows_the_warm_up_and_stays_inside_the_run():
@@ -46,6 +52,17 @@ def test_a_run_ending_inside_the_window_still_writes_what_it_profiled(tmp_path):
             torch.mm(torch.ones(8, 8), torch.ones(8, 8))
     profiler.close()
     assert [p.name for p in (tmp_path / "profile").iterdir()] == ["rank0.steps3-4.json"]
+
+
+def test_a_sync_debug_mode_torch_does_not_know_is_refused_naming_the_variable(
+    tmp_path, monkeypatch
+):
+    """GPT_DS_SYNC_DEBUG (torch's sync check over the window, on GPUs) takes torch's modes."""
+    monkeypatch.setenv(SYNC_DEBUG_ENV, "raise")
+    with pytest.raises(ValueError, match=f"{SYNC_DEBUG_ENV}='raise': use warn or error"):
+        StepProfiler(tmp_path, 1, 10, enabled=True)
+    monkeypatch.setenv(SYNC_DEBUG_ENV, "error")
+    assert StepProfiler(tmp_path, 1, 10, enabled=True).sync_mode == "error"
 
 
 def test_without_the_flag_nothing_is_profiled(tmp_path):

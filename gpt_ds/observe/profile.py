@@ -7,12 +7,16 @@ communicator warm-up fall before it) and covers PROFILE_STEPS steps, clipped to 
 only the training steps are inside it, not evaluations or checkpoints. Every rank writes its
 Chrome/Perfetto trace to OUT_DIR/profile/; rank 0 prints the operators by self time and what a
 step asks of the device (kernel-launching operators and host syncs per phase, step_ops.py).
-Inside the window every host sync is marked in the trace (host_syncs.py).
+Inside the window every host sync is marked in the trace (host_syncs.py). On a GPU,
+GPT_DS_SYNC_DEBUG=warn|error also turns on torch's own check over the window
+(`torch.cuda.set_sync_debug_mode`): every synchronizing CUDA call warns, or raises with its
+stack (the GPU tests run the sync-free step under "error").
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +31,25 @@ WARMUP_STEPS = 2  # after the launch's first step
 PROFILE_STEPS = 3
 TOP_OPERATORS = 15
 PROFILE_DIR = "profile"
+SYNC_DEBUG_ENV = "GPT_DS_SYNC_DEBUG"
+
+
+def sync_debug_mode() -> str:
+    """GPT_DS_SYNC_DEBUG's mode for torch.cuda.set_sync_debug_mode (unset: "default", off)."""
+    mode = os.environ.get(SYNC_DEBUG_ENV, "default")
+    if mode not in ("default", "warn", "error"):
+        raise ValueError(f"{SYNC_DEBUG_ENV}={mode!r}: use warn or error (or leave it unset)")
+    return mode
+
+
+@contextlib.contextmanager
+def cuda_sync_check(mode: str) -> Iterator[None]:
+    """torch's sync debug mode (`warn`, `error`) while open; `default` (off) again after."""
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def profile_window(first: int, last: int) -> tuple[int, int]:
@@ -46,6 +69,7 @@ class StepProfiler:
         self.active: profile | None = None
         self.marks = contextlib.ExitStack()  # the host syncs marked while the window is open
         self.last_step = self.start
+        self.sync_mode = sync_debug_mode()
 
     @contextlib.contextmanager
     def step(self, it: int) -> Iterator[None]:
@@ -55,6 +79,10 @@ class StepProfiler:
             self.active = profile(activities=activities)
             self.active.start()
             self.marks.enter_context(marking_syncs())
+            if self.cuda and self.sync_mode != "default":
+                window = f"steps {self.start}-{self.end}"
+                dist.print0(f"{SYNC_DEBUG_ENV}={self.sync_mode}: torch's sync check over {window}")
+                self.marks.enter_context(cuda_sync_check(self.sync_mode))
         yield
         if self.active is not None:
             self.last_step = it
