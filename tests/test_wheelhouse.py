@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.venvs import linked_venv
+from helpers.venvs import venv_copy
 from support.launch import REPO, run_checked
 
 from gpt_ds.launch.wheelhouse import (
@@ -22,7 +22,10 @@ from gpt_ds.launch.wheelhouse import (
 )
 
 SCRIPT = REPO / "launchers" / "wheelhouse.sh"
-MAX_MIB_BESIDE_TORCH_NUMPY_TRANSFORMERS = 64
+# The kit for a GPU image (Python 3.12, its own torch 2.11 and transformers 5.17, what an H200
+# node here had) is copied beside a checkout, at most 64 MiB in all
+MAX_KIT_MIB = 48
+IMAGE = ("3.12", "torch==2.11.0", "transformers==5.17.0")
 
 
 def freeze_projects(text: str) -> set[str]:
@@ -132,21 +135,30 @@ def wheel_names(folder: Path) -> set[str]:
 
 
 @pytest.mark.slow
-def test_a_node_with_torch_and_no_index_installs_and_trains_from_it(house, tmp_path):
+def test_a_node_with_the_floor_torch_and_no_index_installs_and_trains_from_it(
+    house, floor_torch, tmp_path
+):
+    """A node whose torch is pyproject's floor (conftest `floor_torch`): `pip install
+    --no-index` from the wheelhouse installs gpt_ds and keeps that torch."""
     assert {"gpt-ds", "deepspeed", "transformers", "numpy"} <= wheel_names(house)
     assert "torch" not in wheel_names(house) and not any(
         n.startswith("nvidia") for n in wheel_names(house)
     )
     venv = tmp_path / "node"
-    python = linked_venv(venv, "pip", "torch")  # the node's own torch (and what torch needs)
+    python = venv_copy(floor_torch, venv)  # the node's own torch (and what torch needs)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "GPT_DS_"))}
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     # its own DeepSpeed's JIT ops: built into the suite's cache from another path, the comm op
     # would be rebuilt (~30 s) at the suite's next launch
     env["TORCH_EXTENSIONS_DIR"] = str(venv / "torch_extensions")
-    pip = [python, "-m", "pip", "install", "--quiet"]
+    report = tmp_path / "report.json"
+    pip = [python, "-m", "pip", "install", "--quiet", "--report", report]
     # --isolated: no pip config, no PIP_* variable (this machine's find-links), no index
     run_checked([*pip, "--isolated", "--no-index", "--find-links", house, "gpt_ds"], tmp_path, env)
+    installed = {
+        canonical(i["metadata"]["name"]) for i in json.loads(report.read_text())["install"]
+    }
+    assert "gpt-ds" in installed and "torch" not in installed, installed
     where = run_checked(
         [python, "-c", "import gpt_ds, deepspeed; print(gpt_ds.__file__)"], tmp_path, env
     )
@@ -158,36 +170,34 @@ def test_a_node_with_torch_and_no_index_installs_and_trains_from_it(house, tmp_p
     assert "dry run: model and engine built on every rank" in out
 
 
+def image_freeze(python_version: str, *pins: str, folder: Path) -> Path:
+    """A `pip freeze` of an image holding `pins` and what they require for that Python, as pip
+    itself resolves them (metadata only: nothing is installed)."""
+    report = folder / "image.json"
+    resolve = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+               "--quiet", "--only-binary=:all:", "--python-version", python_version,
+               "--target", folder / "target", "--report", report, *pins]  # fmt: skip
+    run_checked(resolve, folder, dict(os.environ), timeout=600)
+    items = json.loads(report.read_text())["install"]
+    freeze = folder / "freeze.txt"
+    freeze.write_text(
+        "".join(f"{i['metadata']['name']}=={i['metadata']['version']}\n" for i in items)
+    )
+    return freeze
+
+
 @pytest.mark.slow
-def test_beside_torch_numpy_and_transformers_it_is_small(house, tmp_path):
-    """What a target that has torch, numpy and transformers (and what they pull in, as pip
-    itself resolves them) still needs from the wheelhouse stays under 64 MiB (the --have
-    selection itself: the unit tests above)."""
-    report = tmp_path / "target.json"
-    run_checked(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--dry-run",
-            "--ignore-installed",
-            "--quiet",
-            "--report",
-            report,
-            "torch==2.13.0",
-            "numpy",
-            "transformers",
-        ],  # fmt: skip
-        tmp_path,
-        dict(os.environ),
-        timeout=600,
-    )
-    have = freeze_projects(
-        "\n".join(i["metadata"]["name"] for i in json.loads(report.read_text())["install"])
-    )
-    assert {"numpy", "transformers", "tokenizers"} <= have
-    left = [p for p in house.glob("*.whl") if canonical(p.name.split("-")[0]) not in have]
-    mib = sum(p.stat().st_size for p in left) / 2**20
-    assert mib < MAX_MIB_BESIDE_TORCH_NUMPY_TRANSFORMERS, mib
-    assert {"gpt-ds", "deepspeed"} <= {canonical(p.name.split("-")[0]) for p in left}
+def test_the_kit_for_a_gpu_image_is_small_and_leaves_its_torch_and_transformers(tmp_path):
+    """The kit for a GPU image (IMAGE: its Python, torch and transformers, and what they pull
+    in, as its `pip freeze`) holds what the image lacks, no torch, no CUDA library, no
+    transformers (the image's meets the floor), in at most MAX_KIT_MIB."""
+    version, *pins = IMAGE
+    freeze = image_freeze(version, *pins, folder=tmp_path)
+    assert {"torch", "transformers", "tokenizers", "numpy"} <= freeze_projects(freeze.read_text())
+    kit = tmp_path / "kit"
+    wheelhouse(kit, "--python", version, "--have", freeze)
+    names = wheel_names(kit)
+    assert {"gpt-ds", "deepspeed", "tiktoken"} <= names, names
+    assert not {"torch", "transformers", "numpy"} & names and not any("nvidia" in n for n in names)
+    mib = sum(p.stat().st_size for p in kit.iterdir()) / 2**20
+    assert mib <= MAX_KIT_MIB, (mib, sorted(p.name for p in kit.iterdir()))
