@@ -1,19 +1,33 @@
-"""Shared test set-up: an isolated torch-extensions cache for DeepSpeed's JIT ops, and the
-session fixtures (prepared data, one training run per ZeRO stage) and `launch`, a run in the
-background. What only tests use lives in helpers/; what the benchmarks use too (launches, runs,
-background runs) in benchmarks/support/, imported as `support.*` (pyproject.toml's pytest
-`pythonpath` names benchmarks/)."""
+"""Shared test set-up: an isolated torch-extensions cache for DeepSpeed's JIT ops, the tools'
+caches in a temp dir (nothing under $HOME), and the session fixtures (prepared data, one
+training run per ZeRO stage) and `launch`, a run in the background. What only tests use lives
+in helpers/; what the benchmarks use too (launches, runs, background runs) in
+benchmarks/support/, imported as `support.*` (pyproject.toml's pytest `pythonpath` names
+benchmarks/)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 # DeepSpeed JIT-compiles its CPU comm op on first use; a cache shared with another environment
 # would be rebuilt at every launch. Keep it inside this virtual environment.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# What the suite's tools would cache under $HOME (pip's downloads, built wheels and self-check,
+# Hugging Face datasets, wandb, matplotlib) goes to a temp dir of this process, removed at its
+# exit (below): `pytest` changes nothing outside the checkout and temp dirs
+# (test_system_changes.py). Every process the tests start inherits it; every pip they spell
+# also passes --no-cache-dir. Set before any import reads it (huggingface_hub's, at import).
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="gpt_ds-test-caches-")
+os.environ.update(
+    PIP_CACHE_DIR=os.path.join(os.environ["XDG_CACHE_HOME"], "pip"),  # above a pip.conf's
+    MPLCONFIGDIR=os.path.join(os.environ["XDG_CACHE_HOME"], "matplotlib"),  # not ~/.config
+)
 
 import pytest  # noqa: E402
 from helpers.compared_runs import compared_run
@@ -39,6 +53,13 @@ from support.launch import (  # noqa: E402
     zygote,
 )
 from support.zygote import ZYGOTE_ENV, differing_variables, read_served  # noqa: E402
+
+
+@atexit.register
+def _remove_test_caches(owner: int = os.getpid(), caches: str = os.environ["XDG_CACHE_HOME"]):
+    """The temp dir of the caches, when the process that made it exits (not a forked child)."""
+    if os.getpid() == owner:
+        shutil.rmtree(caches, ignore_errors=True)
 
 
 def selects_gpu_tests(markexpr: str) -> bool:

@@ -101,11 +101,12 @@ def installed(tmp_path_factory) -> Installed:
     shutil.copytree(REPO, source, ignore=not_source)
     python = make_venv(base / "venv")
     env = venv_env(base / "venv")
-    pip = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--ignore-installed"]
+    pip = [python, "-m", "pip", "install", "--quiet", "--no-cache-dir"]
+    pip += ["--no-deps", "--ignore-installed"]
     # offline with this environment's setuptools; where it has none (a venv of Python 3.12+
     # gets no setuptools) pip fetches the build requirements itself
     isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
-    run_checked([*pip, *isolation, "--no-cache-dir", str(source)], base, env)
+    run_checked([*pip, *isolation, str(source)], base, env)
     work = base / "work"
     work.mkdir()
     return Installed(python, work, env, source)

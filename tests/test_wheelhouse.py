@@ -152,7 +152,7 @@ def test_a_node_with_the_floor_torch_and_no_index_installs_and_trains_from_it(
     # would be rebuilt (~30 s) at the suite's next launch
     env["TORCH_EXTENSIONS_DIR"] = str(venv / "torch_extensions")
     report = tmp_path / "report.json"
-    pip = [python, "-m", "pip", "install", "--quiet", "--report", report]
+    pip = [python, "-m", "pip", "install", "--quiet", "--no-cache-dir", "--report", report]
     # --isolated: no pip config, no PIP_* variable (this machine's find-links), no index
     run_checked([*pip, "--isolated", "--no-index", "--find-links", house, "gpt_ds"], tmp_path, env)
     installed = {
@@ -175,7 +175,8 @@ def image_freeze(python_version: str, *pins: str, folder: Path) -> Path:
     itself resolves them (metadata only: nothing is installed)."""
     report = folder / "image.json"
     resolve = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-               "--quiet", "--only-binary=:all:", "--python-version", python_version,
+               "--quiet", "--no-cache-dir", "--only-binary=:all:",
+               "--python-version", python_version,
                "--target", folder / "target", "--report", report, *pins]  # fmt: skip
     run_checked(resolve, folder, dict(os.environ), timeout=600)
     items = json.loads(report.read_text())["install"]
