@@ -29,6 +29,44 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
         "launchers/setup_env.sh (any 3.11+ interpreter's path)" >&2
     exit 2
 fi
+# What a bare Debian or Ubuntu lacks, said before venv or the first launch fails on it:
+# ensurepip, which `python3 -m venv` needs (Debian's pythonX.Y-venv; not needed for a venv
+# already made), Python's headers and a C++ compiler (torch's: $CXX, else c++), with which
+# DeepSpeed builds its CPU comm op at the first launch on CPU ranks and torch.compile its kernels.
+read -r version missing < <("$python" - "$venv" <<'PY'
+import os, sys, sysconfig
+venv = os.path.join(sys.argv[1], "bin", "python")
+missing = []
+try:
+    import ensurepip  # noqa: F401
+except ImportError:
+    if not os.access(venv, os.X_OK):
+        missing.append("venv")
+if not os.path.isfile(os.path.join(sysconfig.get_path("include"), "Python.h")):
+    missing.append("dev")
+print("%d.%d" % sys.version_info[:2], ",".join(missing))
+PY
+)
+command -v "${CXX:-c++}" >/dev/null 2>&1 || missing="${missing:+$missing,}cxx"
+if [ -n "${missing:-}" ]; then
+    what="" packages=()
+    for item in ${missing//,/ }; do
+        case $item in
+            venv) what+="; the venv module's ensurepip" packages+=("python$version-venv") ;;
+            dev) what+="; Python's headers (Python.h)" packages+=("python$version-dev") ;;
+            cxx) what+="; a C++ compiler ('${CXX:-c++}' is not on PATH)" packages+=(g++) ;;
+        esac
+    done
+    sudo=$([ "$(id -u)" = 0 ] || echo "sudo ")
+    {
+        echo "error: $python ($version) lacks what the set-up and the first launch need:" \
+            "${what#; }. On Debian or Ubuntu:"
+        echo "  ${sudo}apt-get install ${packages[*]}"
+        echo "then run launchers/setup_env.sh again (another system: its packages for the" \
+            "same; CXX names another compiler)"
+    } >&2
+    exit 2
+fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     # shellcheck disable=SC2086  # the spec may carry pip options on purpose

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -372,3 +373,59 @@ def test_setup_env_stops_on_python_3_10_in_one_line_naming_the_fix(tmp_path):
     )
     assert proc.returncode == 2 and not venv.exists()
     assert_names(proc.stderr.strip(), "python3.0-none", "GPT_DS_PYTHON")
+
+
+def bare_python(folder: Path, *lacks: str) -> Path:
+    """This interpreter as a bare Debian's python3 would be: without ensurepip ("venv": no
+    python3-venv) and without Python.h ("dev": no python3-dev), through a PYTHONPATH that
+    hides them (the real interpreter runs)."""
+    shadow = folder / "shadow"
+    shadow.mkdir(parents=True)
+    if "venv" in lacks:
+        (shadow / "ensurepip.py").write_text("raise ImportError('no ensurepip: python3-venv')\n")
+    if "dev" in lacks:
+        (folder / "include").mkdir()
+        (shadow / "sitecustomize.py").write_text(
+            "import sysconfig\n"
+            "real = sysconfig.get_path\n"
+            f"sysconfig.get_path = lambda name, *a, **k: {str(folder / 'include')!r} "
+            "if name == 'include' else real(name, *a, **k)\n"
+        )
+    python = folder / "python3"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={shadow} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def setup_env(python: Path, venv: Path, **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GPT_DS_PYTHON": str(python), "GPT_DS_VENV": str(venv), **env}
+    return subprocess.run(
+        ["bash", "launchers/setup_env.sh"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+
+
+def test_setup_env_on_a_bare_debian_names_the_apt_get_line_before_any_venv(tmp_path):
+    """No ensurepip (python3-venv), no Python.h (python3-dev), no C++ compiler: setup_env.sh
+    stops before `python3 -m venv` and pip, naming each and the one apt-get line that installs
+    them for this Python, which a user can paste."""
+    venv = tmp_path / "venv"
+    proc = setup_env(bare_python(tmp_path, "venv", "dev"), venv, CXX="no-such-c++")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    sudo = "" if os.getuid() == 0 else "sudo "
+    packages = f"python{version}-venv python{version}-dev g++"
+    assert f"\n  {sudo}apt-get install {packages}\n" in proc.stderr, proc.stderr
+    assert_names(proc.stderr, "ensurepip", "Python.h", "'no-such-c++'", "CXX")
+    assert not venv.exists()
+
+
+def test_setup_env_asks_only_for_what_is_missing(tmp_path):
+    """A venv already made needs no ensurepip; headers present: only the compiler is named."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")
+    (venv / "bin" / "python").chmod(0o755)
+    proc = setup_env(bare_python(tmp_path, "venv"), venv, CXX="no-such-c++")
+    assert proc.returncode == 2, proc.stderr
+    assert re.search(r"^  (sudo )?apt-get install g\+\+$", proc.stderr, re.M), proc.stderr
+    assert "ensurepip" not in proc.stderr and "Python.h" not in proc.stderr
