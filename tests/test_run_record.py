@@ -1,7 +1,8 @@
 """What a run records and what it loads: the run config as the user asked it beside the plan
 computed from it, so a checkpoint's gpt_ds.json replays any run; a versioned checkpoint format
 whose one `migrate` reads every earlier layout; checkpoints without checksums refused unless
-`--allow_unverified`, and reported as unverified when allowed.
+`--allow_unverified`, and reported as unverified when allowed; a resume under another ZeRO
+stage refused by the plan, before any model or engine.
 
 Real runs: a 2-rank `--max_tokens` run of its own, and copies of the session's ZeRO-2 run
 (conftest.stage_run). The reference for a replay or a resume is the first run's logged losses.
@@ -23,8 +24,9 @@ from support.runs import train_losses
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.integrity import UnverifiedCheckpoint, unverified_reason
 from gpt_ds.checkpoint.manifest import FORMAT_VERSION, MANIFEST, Manifest
+from gpt_ds.checkpoint.tags import CheckpointRef
 from gpt_ds.run.config import parse_args
-from gpt_ds.run.plan import plan_run
+from gpt_ds.run.plan import check_zero_stage, plan_run
 
 # the manifest's fields in the order gpt_ds came to write them: an earlier layout is today's
 # without the fields of every later step
@@ -258,3 +260,49 @@ def test_a_checkpoint_of_the_per_rank_streams_starts_a_new_run_not_a_resume(
     fresh = run_args(shakespeare_dir, tmp_path / "new", init_from=f"{run}:iter_20", model=None)
     planned = plan_run(parse_args(fresh))
     assert planned.resume is None and planned.init.checkpoint.tag == "iter_20"
+
+
+# ------------------------------------------------------------------------- the ZeRO stage
+def saved_under(stage: int, world_size: int, preset: str | None) -> CheckpointRef:
+    config = {"deepspeed_config": preset} if preset else {}
+    manifest = Manifest(
+        tag="iter_4", iteration=4, world_size=world_size, zero_stage=stage, model={},
+        config=config, files={},
+    )  # fmt: skip
+    return CheckpointRef(out_dir=Path("/runs/a"), tag="iter_4", manifest=manifest)
+
+
+def test_a_resume_under_another_zero_stage_is_refused_naming_both_and_the_fix():
+    """A checkpoint DeepSpeed would load as it saved it (this world size): its stage only. The
+    refusal names the tag, both stages, the checkpoint's preset and `--init_from`; another
+    world size converts to a universal checkpoint and is not refused here."""
+    with pytest.raises(CheckpointError) as err:
+        check_zero_stage(saved_under(2, 2, "zero2"), 3, 2, "zero3")
+    assert_names(str(err.value), "/runs/a/iter_4", "ZeRO stage 2", "--deepspeed_config zero3")
+    assert_names(
+        str(err.value), "stage 3", "--deepspeed_config zero2", "--init_from /runs/a:iter_4"
+    )
+    with pytest.raises(CheckpointError) as err:  # a manifest without the preset's name
+        check_zero_stage(saved_under(1, 2, None), 3, 2, "zero3")
+    assert_names(str(err.value), "a ZeRO-1 preset")
+    check_zero_stage(saved_under(2, 2, "zero2"), 2, 2, "ds_configs/zero2.json")  # same stage
+    check_zero_stage(saved_under(2, 2, "zero2"), 3, 1, "zero3")  # converted first
+
+
+@pytest.mark.slow
+def test_the_plan_refuses_a_resume_under_another_zero_stage(
+    stage_run, shakespeare_dir, tmp_path, monkeypatch
+):
+    """The session's 2-rank ZeRO-2 run resumed on 2 ranks under zero1: refused by plan_run,
+    which runs before any rank builds a model or an engine (planned in this process)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    run = copied_run(stage_run(2)[0], tmp_path / "run")
+    args = tiny_run_args(
+        shakespeare_dir, run, deepspeed_config="zero1", max_iters=30, resume="iter_20"
+    )
+    with pytest.raises(CheckpointError) as err:
+        plan_run(parse_args(args))
+    assert_names(str(err.value), f"{run}/iter_20", "ZeRO stage 2", "stage 1", "--init_from")
+    plan = plan_run(parse_args([*args, "--deepspeed_config", "ds_configs/zero2.json"]))
+    assert plan.resume is not None and plan.resume.tag == "iter_20"

@@ -345,18 +345,14 @@ class Checkpointer:
     # ----------------------------------------------------------------- load
     def load(self, engine, ref: CheckpointRef) -> Resumed:
         """Restore engine (weights, optimizer, LR schedule, loss scaler), RNG and training-window
-        state."""
+        state. The plan checked the checkpoint against the run before any engine existed
+        (run/plan.py `check_resume`: its ZeRO stage, batch and data)."""
         manifest, world = ref.manifest, dist.world_size()
         if not manifest.universal and manifest.world_size != world:
             raise CheckpointError(
                 f"{ref.tag_dir}: saved by {manifest.world_size} ranks, this run has {world}; "
                 f"convert it first: {tool('universal_checkpoint')} "
                 f"{self.out_dir} --tag {ref.tag} (then --resume {ref.tag}_universal)"
-            )
-        if not manifest.universal and manifest.zero_stage != engine.zero_optimization_stage():
-            raise CheckpointError(
-                f"{ref.tag_dir}: saved with ZeRO stage {manifest.zero_stage}, this run uses "
-                f"{engine.zero_optimization_stage()}; use the same --deepspeed_config preset"
             )
         decays = _group_weight_decays(engine)
         path, _client = engine.load_checkpoint(

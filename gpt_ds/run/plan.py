@@ -173,14 +173,34 @@ def check_resume(
     shape: ModelShape,
     data_identity: dict,
 ) -> list[str]:
-    """A resume's batch (changed only with --allow_batch_change) and data (the same files)
-    against the checkpoint; returns the lines saying what changed."""
+    """A resume's ZeRO stage (the checkpoint's), batch (changed only with --allow_batch_change)
+    and data (the same files) against the checkpoint; returns the lines saying what changed."""
     if resume is None:
         return []
+    check_zero_stage(resume, ds.zero_stage, dist.world_size(), cfg.deepspeed_config)
     now = Batch(dist.world_size(), ds.micro_batch_size, ds.grad_accum, shape.block_size)
     lines = check_batch(resume.manifest, now, cfg.allow_batch_change)
     check_same_data(resume, data_identity)
     return lines
+
+
+def check_zero_stage(ref: CheckpointRef, zero_stage: int, world_size: int, preset: str) -> None:
+    """A CheckpointError when a resume would load a checkpoint as DeepSpeed saved it (this world
+    size, not universal) under another ZeRO stage than the one that saved it: its files are
+    that stage's. Said before any model or engine is built; a checkpoint of another world size
+    is converted to a universal one first and loads as that."""
+    m = ref.manifest
+    if m.zero_stage == zero_stage or needs_universal(m, world_size):
+        return
+    saved = m.config.get("deepspeed_config")
+    saved_with = f"--deepspeed_config {saved}" if saved else f"a ZeRO-{m.zero_stage} preset"
+    raise CheckpointError(
+        f"--resume: {ref.tag_dir} was saved under ZeRO stage {m.zero_stage}, and this run's "
+        f"--deepspeed_config {preset} is ZeRO stage {zero_stage}: a resume continues under the "
+        f"stage that saved it; resume with {saved_with} (the checkpoint's), or start a new run "
+        f"from its weights under stage {zero_stage}: --init_from {ref.out_dir}:{ref.tag} "
+        "--out_dir NEW_DIR"
+    )
 
 
 def check_machine(cfg: RunConfig, ds: ResolvedDsConfig, shape: ModelShape) -> MemoryEstimate:
