@@ -1,4 +1,4 @@
-"""HellaSwag examples as token rows, scored the way llm.c and build-nanogpt score them.
+"""HellaSwag examples as token rows, scored the way build-nanogpt's hellaswag.py scores them.
 
 The published validation file (hellaswag_val.jsonl) has one JSON object per line; each names a
 context (`ctx`), four `endings` and the right one (`label`). Each ending is encoded with a

@@ -1,6 +1,6 @@
 """HellaSwag accuracy of a GPT-2, in the trainer's evaluations and on any checkpoint.
 
-Completion style, as llm.c and build-nanogpt score it: each of an example's four endings is
+Completion style, as build-nanogpt's hellaswag.py scores it: each of an example's four endings is
 scored by the model's cross-entropy on the ending's own tokens after the context; the ending
 with the lowest mean loss is the model's answer for acc_norm, the lowest summed loss for acc.
 Examples are split round-robin across ranks, every rank runs the same number of forward passes
