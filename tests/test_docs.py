@@ -3,13 +3,17 @@ launchers/quickstart.sh, its flag reference is `gpt_ds/train.py --help`'s flags 
 RunConfig, and current), every training command shown uses real flags, and so does every tool
 command (`tools/X.py`, `gpt-ds-*`), the README stays short with the quick start on its first
 screen and CI's test command in it, links and their #anchors resolve, and user docs carry no
-internal issue numbers."""
+internal issue numbers. Every command a shell block or a recipe's header starts exists in the
+environment setup_env.sh builds or is a named system tool; the README launches what its picker
+command prints; and no page states a time or a speed that BENCHMARKS.md or CONTRIBUTING.md, where
+figures are measured with their machine and date, does not."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import importlib
+import importlib.util
 import io
 import re
 import shlex
@@ -298,3 +302,283 @@ def test_every_test_module_that_probes_the_machine_is_listed():
     }
     assert probing - listed == set()
     assert listed - {p.name for p in (REPO / "tests").glob("*.py")} == set()  # no stale rows
+
+
+# ---------------------------------------------------------------- the commands the docs start
+# Commands a shell block may start that are not in the environment setup_env.sh builds: the
+# system's own, each named here (a node's python3 and pip, the schedulers, llama.cpp's tools)
+SYSTEM_TOOLS = {
+    "bash", "sh", ".", "cd", "cp", "mkdir", "curl", "sudo", "apt-get", "ssh", "ssh-keyscan",
+    "ssh-copy-id", "scp", "rsync", "git", "$EDITOR", "python3", "srun", "sbatch", "scontrol",
+    "mpirun", "pdsh", "docker", "nvidia-smi", "rocm-smi", "llama-cli", "llama-perplexity",
+}  # fmt: skip
+SHELL_BLOCK = re.compile(r"^( *)```(?:bash|sh|shell)\n(.*?)^\1```", re.M | re.S)
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+OPERATORS = {"&&", "||", ";", "|", "&"}
+
+
+def doc_commands(text: str) -> list[str]:
+    """The command lines of a page's shell blocks, continuation lines joined."""
+    lines = []
+    for _, body in SHELL_BLOCK.findall(text):
+        lines += re.sub(r"\\\n\s*", " ", body).splitlines()
+    return [line.strip() for line in lines if line.strip()]
+
+
+def recipe_commands(recipe: Path) -> tuple[list[str], list[str]]:
+    """(commands, prose lines) of a recipe's header: a command is indented 5 spaces after its
+    `#` (prose 1 or 3), and a line ending in `\\` continues it on the next."""
+    commands, prose, going = [], [], False
+    for line in recipe.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text = line[1:]
+        if going:
+            commands[-1] += " " + text.strip().rstrip("\\").strip()
+        elif text.startswith(" " * 5) and not text.startswith(" " * 6):
+            commands.append(text.strip().rstrip("\\").strip())
+        else:
+            prose.append(text.strip())
+        going = text.rstrip().endswith("\\")
+    return commands, prose
+
+
+def started(line: str) -> list[tuple[str, list[str]]]:
+    """(command, its arguments) of each command `line` starts: after `NAME=value` words, and
+    after each `&&`, `||`, `;`, `|` standing apart (`[--format hf|pt]` in a synopsis is one
+    word); a comment ends the line."""
+    lexer = shlex.shlex(line, posix=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError:  # an unclosed quote: the words before it
+        words = line.split()
+    found, current = [], None
+    for word in words:
+        if word in OPERATORS:
+            current = None
+        elif current is None:
+            if re.fullmatch(r"[A-Za-z_]\w*=.*", word):
+                continue
+            current = (word, [])
+            found.append(current)
+        else:
+            current[1].append(word)
+    return found
+
+
+def unknown_command(command: str, args: list[str], venv_bin: Path) -> str | None:
+    """Why `command` is not one the environment or the system list has (None: it is). A
+    script run by path, by `bash`/`sh`/`.` or by `python` must exist in the checkout (or, under
+    .venv/bin, in the environment)."""
+
+    def path_missing(word: str) -> str | None:
+        if word.startswith(".venv/bin/"):
+            return None if (venv_bin / word.removeprefix(".venv/bin/")).exists() else word
+        return None if (REPO / word).exists() else word
+
+    if "/" in command:
+        return path_missing(command) and f"{command}: no such file"
+    if command in {"python", "python3", "bash", "sh", "."}:
+        script = next((a for a in args if not a.startswith("-")), None)
+        if args and args[0] in ("-m", "-c"):
+            script = None
+        if script and "/" in script and (gone := path_missing(script)):
+            return f"{command} {gone}: no such file"
+    if command in SYSTEM_TOOLS or (venv_bin / command).exists():
+        return None
+    return f"{command}: neither in {venv_bin} nor a named system tool"
+
+
+def test_every_command_the_docs_start_exists_here_or_is_a_named_system_tool():
+    """Each command a shell block of README.md, docs/*.md or ds_configs/README.md starts, and
+    each command of a recipe's header, is in the environment setup_env.sh built (this one:
+    `hf`, `deepspeed`, `gpt-ds-*`, python, lm_eval, ...), a script of the checkout by path, or
+    one of SYSTEM_TOOLS: a command huggingface_hub no longer installs is found."""
+    venv_bin = Path(sys.prefix) / "bin"
+    assert unknown_command("huggingface-cli", [], venv_bin), "huggingface_hub 2 has only `hf`"
+    commands = [
+        (path.relative_to(REPO), line)
+        for path in [
+            README,
+            *sorted((REPO / "docs").glob("*.md")),
+            REPO / "ds_configs" / "README.md",
+        ]
+        for line in doc_commands(path.read_text())
+    ] + [(path.relative_to(REPO), line) for path in RECIPES for line in recipe_commands(path)[0]]
+    assert len(commands) > 80
+    wrong = [
+        f"{where}: {why}"
+        for where, line in commands
+        for command, args in started(line)
+        if (why := unknown_command(command, args, venv_bin))
+    ]
+    assert wrong == []
+
+
+def test_a_recipes_commands_are_indented_as_commands():
+    """The header's commands are found by their indentation: each recipe's data and start
+    commands are, and no prose line reads like a command (a word, then a flag; or a `\\`)."""
+    for recipe in RECIPES:
+        commands, prose = recipe_commands(recipe)
+        assert any(f"--config recipes/{recipe.name}" in c for c in commands), recipe.name
+        assert any(c.startswith("curl ") for c in commands), recipe.name
+        assert not any(re.match(r"\S+ -{1,2}[a-z]", p) or p.endswith("\\") for p in prose), (
+            recipe.name
+        )
+
+
+def test_the_readme_launches_what_its_picker_command_prints(capsys):
+    """Step 3 of "Your own data on N GPUs" starts with the command step 2's picker prints."""
+    from gpt_ds.commands.pick_preset import main as pick_preset
+
+    steps = re.sub(r"\\\n\s*", " ", README.read_text().split("## Your own data on N GPUs")[1])
+    asked = re.search(r"python tools/pick_preset\.py (.*)", steps)[1]
+    assert pick_preset(shlex.split(asked)) == 0
+    printed = next(
+        line.strip()
+        for line in capsys.readouterr().out.splitlines()
+        if line.strip().startswith("deepspeed ")
+    )
+    launched = next(line for line in steps.splitlines() if line.startswith("deepspeed --num_gpus"))
+    assert launched.split()[: len(printed.split())] == printed.split(), (printed, launched)
+
+
+# ---------------------------------------------------------------- figures live in two pages
+NUMBER = r"(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
+SECONDS = {"ms": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60,
+           "mins": 60, "minute": 60, "minutes": 60}  # fmt: skip
+UNIT = r"(ms|secs?|seconds?|s|mins?|minutes?)"
+# `~15 min`, `13.4 s`, `10-minute`, `17 to 19.5 min`, `3 min 19 s`, `~20 ms`
+TIME = re.compile(
+    rf"(?<![\w./^-])~?{NUMBER}(?:\s*(?:-|–|to)\s*{NUMBER})?[\s-]?{UNIT}(?!\w)"
+    rf"(?:\s+{NUMBER}\s?(ms|secs?|seconds?|s)(?!\w))?"
+)
+SPEED = re.compile(rf"(?<![\w./^-])~?{NUMBER}\s?(?:tokens|tok)(?:/s\b|\s+(?:per|a)\s+second\b)")
+FIGURE_SOURCES = [REPO / "BENCHMARKS.md", REPO / "CONTRIBUTING.md"]
+# Figures of seconds or minutes that are no measurement: a setting of gpt_ds, of DeepSpeed or of
+# a command shown beside it (the file that sets it, and the setting, which it must still hold),
+# or arithmetic on the page (None). Each phrase must be on its page: no entry outlives its text.
+HANG_DEFAULT = ("gpt_ds/run/config.py", "max(300, 20 x the median step)")
+LOCK_STALE = ("gpt_ds/run/lock.py", "STALE_AFTER_SECONDS = 600.0")
+DS_KILL = ("deepspeed/launcher/launch.py", "wait_procs(children, timeout=30)")
+DS_TIMEOUT = ("deepspeed/constants.py", 'os.getenv("DEEPSPEED_TIMEOUT", default=10)')
+REFUSAL_WAIT = ("gpt_ds/base/dist.py", "REFUSAL_WAIT_S = 20.0")
+SLURM_SIGNAL = ("launchers/slurm.sbatch", "--signal=B:TERM@120")
+PICKER_STEP = ("tests/test_recipes.py", "s of communication in")
+NOT_MEASURED = {
+    "README.md": [("max(5 min, 20 x the median step)", HANG_DEFAULT)],
+    "docs/checkpoints.md": [
+        ("max(5 min, 20 x the median step)", HANG_DEFAULT),
+        ("no heartbeat for 10 minutes", LOCK_STALE),
+        ("kills ranks 30 s after forwarding a signal", DS_KILL),
+    ],
+    "docs/launching.md": [
+        ("launchers kill ranks 30 s after the signal", DS_KILL),
+        ("SIGTERM to the batch script 120 s before", SLURM_SIGNAL),
+        ("to about 30 minutes of training", ("docs/launching.md", "--save_every_minutes 30")),
+        ("Docker waits 120 s instead of its default 10", ("docs/launching.md", "stop -t 120")),
+    ],
+    "docs/troubleshooting.md": [
+        ("max(5 min, 20 x the median step)", HANG_DEFAULT),
+        ("kills ranks 30 s after it is signalled", DS_KILL),
+        ("if a save takes longer than ~30 s", DS_KILL),
+        ("10 minutes for NCCL and gloo alike", DS_TIMEOUT),
+        ("(at most 20 s;", REFUSAL_WAIT),
+        ("holds rank 0 back 2 s", ("tests/test_refusal.py", "HOLD_S = 2.0")),
+        # the slow-network table: gradient bytes at line rate, 8 bits a byte; sums of it
+        ("| 0.25 GB | 2.0 s | 0.20 s |", None),
+        ("| 0.71 GB | 5.7 s | 0.57 s |", None),
+        ("| 1.55 GB | 12.4 s | 1.24 s |", None),
+        ("| 3.12 GB | 24.9 s | 2.49 s |", None),
+        ("spends ~11 s per step on communication", None),
+        ("makes the 11 s above 0.7 s per micro-batch", None),
+    ],
+    "recipes/gpt2_124m_two_nodes_1gbps.yaml": [
+        ("~3.5 s at 1 Gbps", None),  # ~0.44 GB at 1 Gbps
+        ("3.48 s of communication in 7.71 s", PICKER_STEP),  # the picker's estimate
+        ("at that estimate of 7.71 s", PICKER_STEP),
+    ],
+}
+
+
+def figures(text: str) -> set[tuple[str, float]]:
+    """Every figure of time (in seconds) or speed (tokens/s) `text` states in words, and in
+    tables under a column headed `tokens/s` or `seconds`: `3 min 19 s` is 199 s, `~15 min` 900,
+    `13.4 s` 13.4, `245,637 tokens/s` 245637."""
+    found = set()
+    for m in TIME.finditer(text):
+        first, last, unit, extra, extra_unit = m.groups()
+        plus = float(extra.replace(",", "")) * SECONDS[extra_unit] if extra else 0
+        for value in (first, last):
+            if value:
+                seconds = float(value.replace(",", "")) * SECONDS[unit] + plus
+                found.add(("time", round(seconds, 3)))
+    found |= {("speed", float(n.replace(",", ""))) for n in SPEED.findall(text)}
+    for table in re.findall(r"(?:^\|.*\|\n)+", text, re.M):
+        rows = [[c.strip() for c in row.strip("|").split("|")] for row in table.splitlines()]
+        for col, head in enumerate(rows[0]):
+            kind = "speed" if re.match(r"(tokens|tok)/s", head) else None
+            kind = "time" if re.match(r"seconds\b", head) else kind
+            for row in rows[2:] if kind else []:
+                cell = row[col] if col < len(row) else ""
+                found |= {(kind, float(n.replace(",", ""))) for n in re.findall(NUMBER, cell)}
+    return found
+
+
+def prose(text: str) -> str:
+    """A page's words: no code blocks or inline code (commands and sample output), and its
+    whitespace as one space."""
+    text = re.sub(r"`[^`]*`", "", re.sub(r"^ *```.*?^ *```", "", text, flags=re.M | re.S))
+    return re.sub(r"[ \t]*\n[ \t]*", "\n", text)
+
+
+def setter_path(name: str) -> Path:
+    """A file of the checkout, or of the installed DeepSpeed (`deepspeed/...`)."""
+    if name.startswith("deepspeed/"):  # found, not imported
+        return Path(importlib.util.find_spec("deepspeed").origin).parent.parent / name
+    return REPO / name
+
+
+def recipe_header(recipe: Path) -> str:
+    return "\n".join(line[1:] for line in recipe.read_text().splitlines() if line.startswith("#"))
+
+
+def test_times_and_speeds_are_stated_where_they_are_measured():
+    """README.md, docs/, ds_configs/README.md and the recipes' headers state no figure of
+    seconds, minutes or tokens/s that BENCHMARKS.md or CONTRIBUTING.md (measured, with machine
+    and date) does not also state; a page links to them instead. NOT_MEASURED lists, with the
+    file that sets each, the figures that are settings or arithmetic, not measurements."""
+    sources = set().union(*(figures(p.read_text()) for p in FIGURE_SOURCES))
+    assert ("time", 199.0) in figures("3 min 19 s") and ("time", 900.0) in figures("~15 min")
+    assert figures("10-minute, 17 to 19.5 min") == {
+        ("time", 600.0),
+        ("time", 1020.0),
+        ("time", 1170.0),
+    }
+    assert ("speed", 245637.0) in sources and ("time", 2463.0) in sources  # 41 min 3 s
+    pages = {
+        path.relative_to(REPO).as_posix(): prose(path.read_text())
+        for path in [
+            README,
+            *sorted((REPO / "docs").glob("*.md")),
+            REPO / "ds_configs" / "README.md",
+        ]
+    }
+    pages |= {path.relative_to(REPO).as_posix(): prose(recipe_header(path)) for path in RECIPES}
+    stale = []
+    for page, entries in NOT_MEASURED.items():
+        for phrase, set_by in entries:
+            text = " ".join(pages[page].split())
+            if phrase not in text:
+                stale.append(f"{page}: {phrase!r} is not there")
+            pages[page] = text.replace(phrase, "")
+            if set_by and set_by[1] not in setter_path(set_by[0]).read_text():
+                stale.append(f"{set_by[0]} no longer holds {set_by[1]!r}")
+    assert stale == []
+    unsourced = [
+        f"{page}: {kind} {value:g}"
+        for page, text in pages.items()
+        for kind, value in sorted(figures(text) - sources)
+    ]
+    assert unsourced == []
