@@ -1,7 +1,8 @@
-"""The LM loss alone, forward and backward, on one thread: the full logits (GPT2LMHeadModel's
-path: logits, upcast to fp32, torch's cross-entropy) against gpt_ds's chunked loss, with its
-logit gradients gathered per block (the default) and with one gradient product per chunk
-(how it ran before blocks, and how it runs on GPUs).
+"""The LM loss alone, forward and backward, on one thread, each `--loss` kind: the full logits
+(GPT2LMHeadModel's path: logits, upcast to fp32, torch's cross-entropy; `--loss full`),
+DeepSpeed's chunked cross-entropy over the logits (`--loss deepspeed`, its PyTorch backend on
+CPU), and gpt_ds's chunked loss, with its logit gradients gathered per block (the default) and
+with one gradient product per chunk (how it ran before blocks, and how it runs on GPUs).
 
     python benchmarks/chunked_loss.py                       # gpt2-tiny and gpt2-mini widths
     python benchmarks/chunked_loss.py --widths 768 --tokens 1024 --dtypes bfloat16
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gpt_ds.model.chunked_loss import chunk_rows, chunked_cross_entropy  # noqa: E402
+from gpt_ds.model.logits_loss import deepspeed_cross_entropy  # noqa: E402
 
 VOCAB, PADDED = 50257, 50304
 
@@ -46,6 +48,9 @@ def rows_for(dtype: torch.dtype) -> dict[str, Callable]:
     rows = chunk_rows(PADDED, "cpu")
     return {
         "full logits (HF)": full_logits,
+        "DeepSpeed's chunked cross-entropy": lambda h, w, y: deepspeed_cross_entropy(
+            h @ w.t(), y, VOCAB
+        ),
         "chunked, one product per chunk": lambda h, w, y: chunked_cross_entropy(
             h, w, y, rows, VOCAB, block=rows
         ),

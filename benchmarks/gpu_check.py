@@ -10,9 +10,11 @@ planned to end inside `--budget` seconds (a step that no longer fits is skipped,
   would pick here, with the reasons the trainer prints; written at once;
 - throughput on one GPU (benchmarks/throughput.py): GPT-2 124M at block 1024 in bf16 (fp16
   where bf16 is absent), micro-batch 16 as every earlier table (`--micro_batch_size 0`: the
-  largest power of two that fills the card): gpt_ds with its defaults, `--loss full`,
-  `--compile off`, and the anchor, plain PyTorch by nanoGPT's recipe (compiled, bf16 autocast,
-  fused AdamW); every repetition written to OUT/throughput.jsonl and .md as it is measured;
+  largest power of two that fills the card): gpt_ds with its defaults (the chunked loss), one
+  row per other loss kind (`--loss deepspeed`, `--loss full`), the anchor, plain PyTorch by
+  nanoGPT's recipe (compiled, bf16 autocast, fused AdamW), gpt_ds without ZeRO (DeepSpeed
+  stage 0) and `--compile off`; every repetition written to OUT/throughput.jsonl and .md as
+  it is measured;
 - `pytest -m gpu`, the suite's GPU subset: its summary line;
 - gpt2-xl under ZeRO-3 on that GPU, only where the budget leaves room: start-up and three
   steps, the trainer's own predicted and measured memory lines and its step times.
@@ -41,11 +43,13 @@ sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 from support.launch import TRAIN, deepspeed_command, launch_env, planned  # noqa: E402
 from support.workspace import prepare_shakespeare  # noqa: E402
 
-THROUGHPUT_ROWS = [
-    "gpt_ds",  # compiled: --compile auto compiles on GPUs
-    "gpt_ds --loss full",
-    "gpt_ds --compile off",
+THROUGHPUT_ROWS = [  # measured in this order, so a step cut short keeps the first ones
+    "gpt_ds",  # compiled: --compile auto compiles on GPUs; the chunked loss
+    "gpt_ds --loss deepspeed",  # DeepSpeed's chunked cross-entropy (Triton) over the logits
+    "gpt_ds --loss full",  # the fp32 logits' loss inside the compiled graph, as nanoGPT
     "plain PyTorch (nanoGPT recipe)",
+    "gpt_ds without ZeRO (stage 0)",  # one GPU's plain DeepSpeed engine, fused AdamW
+    "gpt_ds --compile off",
 ]
 # each step's longest time (seconds), in the order they run; --limit STEP=SECONDS changes one
 STEP_LIMIT_S = {"throughput": 300, "gpu tests": 180, "gpt2-xl zero3": 150}

@@ -7,10 +7,12 @@ one run.
 
 Rows, each a real `deepspeed --num_gpus RANKS` launch:
 - gpt_ds: `gpt_ds/train.py` with its defaults (no eval, no checkpoint);
-- gpt_ds, each speed-up off (`--loss full`: the full logits, as GPT2LMHeadModel's own loss;
-  `--vocab_multiple 1`: no vocabulary padding; `unfused AdamW`: torch's AdamW, neither fused nor
-  DeepSpeed's FusedAdam), and each opt-in one on (`--compile`, by `--rows` only; its compile
-  time falls in the untimed warm-up);
+- gpt_ds with each other loss kind (`--loss deepspeed`: DeepSpeed's chunked cross-entropy over
+  the logits; `--loss full`: the fp32 logits whole, as GPT2LMHeadModel's own loss), each
+  speed-up off (`--vocab_multiple 1`: no vocabulary padding; `unfused AdamW`: torch's AdamW,
+  neither fused nor DeepSpeed's FusedAdam), and each opt-in one on (`--compile`, by `--rows`
+  only; its compile time falls in the untimed warm-up); by `--rows` only, `gpt_ds without ZeRO
+  (stage 0)`: DeepSpeed's plain data-parallel engine, whatever the table's stage;
 - in a bf16 (or fp16) table, `gpt_ds --precision fp32`: the same run in fp32, so that the
   table shows what the 16-bit path gains (`--precision bf16 --rows gpt_ds "gpt_ds --precision
   fp32" "HF Trainer"` is issue 24's mixed-precision table);
@@ -46,6 +48,7 @@ sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 import torch  # noqa: E402
 from support.launch import planned  # noqa: E402
 from support.timed_runs import (  # noqa: E402
+    NO_ZERO,
     ROWS,
     Measured,
     Setup,
@@ -62,9 +65,15 @@ from gpt_ds.observe.metrics import resolve_peak  # noqa: E402
 REFERENCE = "HF Trainer"
 FP32_ROW = "gpt_ds --precision fp32"  # in a table of another precision only
 # --compile compiles for a minute or more per launch on a CPU: asked for by name (--rows), as
-# are activation checkpointing (benchmarks/activation_checkpointing.py measures it) and
-# --compile off (on a CPU the default itself; gpu_check.py names it)
-BY_NAME_ONLY = ("gpt_ds --compile", "gpt_ds --compile off", "gpt_ds --activation_checkpointing")
+# are activation checkpointing (benchmarks/activation_checkpointing.py measures it), --compile
+# off (on a CPU the default itself) and stage 0 (the same run in every stage's table; gpu_check.py
+# names those two)
+BY_NAME_ONLY = (
+    "gpt_ds --compile",
+    "gpt_ds --compile off",
+    "gpt_ds --activation_checkpointing",
+    NO_ZERO,
+)
 DEFAULT_ROWS = [r for r in ROWS if r not in BY_NAME_ONLY]
 
 
@@ -179,7 +188,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_ROWS,
         choices=list(ROWS),
         metavar="ROW",
-        help="which rows (default all but gpt_ds --compile and --activation_checkpointing; "
+        help="which rows (default all but " + ", ".join(map(repr, BY_NAME_ONLY)) + "; "
         f"{FP32_ROW!r} only in a table of another precision): " + ", ".join(map(repr, ROWS)),
     )
     p.add_argument(

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.bench  # the benchmark smoke tests: `pytest -m bench`
 
 ROWS = [
     "gpt_ds",
+    "gpt_ds --loss deepspeed",
     "gpt_ds --loss full",
     "gpt_ds --vocab_multiple 1",
     "gpt_ds unfused AdamW",
@@ -108,7 +109,8 @@ def test_chunked_loss_benchmark_prints_every_row_with_its_errors(tmp_path):
     rows = re.findall(r"^\| (.+?) \| ([\d,.]+) \| ([\d.]+) \| ([\d.e+-]+) \| ([\d.e+-]+) \|$",
                       proc.stdout, re.M)  # fmt: skip
     names = [r[0] for r in rows]
-    assert names == ["full logits (HF)", "chunked, one product per chunk", "chunked (default)"] * 2
+    kinds = ["full logits (HF)", "DeepSpeed's chunked cross-entropy"]
+    assert names == [*kinds, "chunked, one product per chunk", "chunked (default)"] * 2
     for _, ms, ratio, err_hidden, err_weight in rows:
         assert float(ms.replace(",", "")) > 0 and float(ratio) > 0
         assert float(err_hidden) < 2e-2 and float(err_weight) < 2e-2  # bf16 and fp32 alike

@@ -31,10 +31,12 @@ PEERS = REPO / "benchmarks" / "peer_trainers.py"
 PLAIN = REPO / "benchmarks" / "plain_loop.py"
 LR = 6e-4
 UNFUSED_ADAMW = "gpt_ds unfused AdamW"
+NO_ZERO = "gpt_ds without ZeRO (stage 0)"
 # row name -> how it is launched: gpt_ds flags, a peer of peer_trainers.py, or a loop of
 # plain_loop.py
 ROWS: dict[str, tuple[str, list[str]]] = {
     "gpt_ds": ("gpt_ds", []),
+    "gpt_ds --loss deepspeed": ("gpt_ds", ["--loss", "deepspeed"]),
     "gpt_ds --loss full": ("gpt_ds", ["--loss", "full"]),
     "gpt_ds --vocab_multiple 1": ("gpt_ds", ["--vocab_multiple", "1"]),
     "gpt_ds --compile": ("gpt_ds", ["--compile"]),  # on CPU ranks too (auto: GPUs only)
@@ -43,6 +45,9 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "gpt_ds --precision fp32": ("gpt_ds", ["--precision", "fp32"]),
     # runs Setup's preset with torch's AdamW, neither fused nor DeepSpeed's FusedAdam
     UNFUSED_ADAMW: ("gpt_ds", []),
+    # DeepSpeed at stage 0 (Setup's stage0_preset): plain data parallelism, one GPU's whole
+    # optimizer, the Adam(W) gpt_ds picks (fused where it can build one)
+    NO_ZERO: ("gpt_ds", []),
     "gpt_ds --activation_checkpointing": ("gpt_ds", ["--activation_checkpointing"]),
     "HF Trainer": ("peer", ["--trainer", "hf"]),
     "bare DeepSpeed loop": ("peer", ["--trainer", "bare"]),
@@ -63,14 +68,25 @@ class Setup:
     work: Path
     ds_file: Path = field(init=False)
     unfused_preset: Path = field(init=False)
+    stage0_preset: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        self.ds_file = self.work / f"{self.model}_zero{self.stage}.json"
-        self.ds_file.write_text(json.dumps(self.resolved_config(), indent=1))
         self.unfused_preset = self.work / f"zero{self.stage}_unfused_adamw.json"
         preset = load_ds_config(preset_path(f"zero{self.stage}"))
         preset["optimizer"]["params"].update(torch_adam=True, fused=False, foreach=False)
         self.unfused_preset.write_text(json.dumps(preset, indent=1))
+        self.stage0_preset = self.work / "zero0.json"  # ds_configs/ has no stage-0 preset
+        preset = load_ds_config(preset_path("zero1"))
+        preset["zero_optimization"] = {"stage": 0}
+        self.stage0_preset.write_text(json.dumps(preset, indent=1))
+        self.ds_file = self.work / f"{self.model}_zero{self.stage}.json"
+        self.ds_file.write_text(json.dumps(self.resolved_config(), indent=1))
+
+    def preset(self, row: str) -> Path | str:
+        """The DeepSpeed config a gpt_ds row runs with: the table's ZeRO preset, or its
+        stage-0 or unfused-AdamW variant."""
+        variants = {UNFUSED_ADAMW: self.unfused_preset, NO_ZERO: self.stage0_preset}
+        return variants.get(row, f"zero{self.stage}")
 
     def resolved_config(self) -> dict:
         """The DeepSpeed config the gpt_ds row runs with, from the trainer's own planning chain
@@ -104,8 +120,7 @@ def launch_command(setup: Setup, row: str, out: Path) -> list[str]:
     size += ["--block_size", s.block_size]
     if kind == "gpt_ds":
         script = TRAIN
-        preset = setup.unfused_preset if row == UNFUSED_ADAMW else f"zero{setup.stage}"
-        rest = ["--deepspeed_config", preset, "--model", setup.model, *size]
+        rest = ["--deepspeed_config", setup.preset(row), "--model", setup.model, *size]
         rest += ["--micro_batch_size", a.micro_batch_size, "--grad_accum", a.grad_accum]
         rest += ["--max_iters", a.steps, "--lr", LR, "--precision", a.precision]
         rest += ["--eval_interval", 0, "--no_checkpoint", "--log_interval", 1]
