@@ -1,1 +1,1 @@
-"""GPT-2: shapes and presets, construction (partitioned under ZeRO-3), the chunked LM loss."""
+"""GPT-2: shapes and presets, construction (partitioned under ZeRO-3), the LM loss by kind."""
