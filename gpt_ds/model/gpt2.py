@@ -190,7 +190,7 @@ def build_model(
     """
     from transformers import GPT2LMHeadModel
 
-    from gpt_ds.model.training_model import GPT2TrainingModel
+    from gpt_ds.model.training_model import GPT2TrainingModel, LossHead
     from gpt_ds.model.zero3 import fresh_model, hf_zero3
 
     if loss not in (None, *LOSS_KINDS):
@@ -212,7 +212,9 @@ def build_model(
             )
     use_fused_gelu(model)
     if loss is not None:
-        model.lm_head.kind = loss
+        head = model.lm_head
+        assert isinstance(head, LossHead), type(head)  # GPT2TrainingModel's own head
+        head.kind = loss
     return model
 
 

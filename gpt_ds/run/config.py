@@ -94,9 +94,8 @@ class RunConfig:
     compile: str = option(
         "auto",
         "torch.compile the model through the DeepSpeed engine: on, off, or auto (on GPUs; off "
-        "on CPU ranks, where it compiles for minutes and gains little). --compile alone: on. "
-        "The first iteration compiles; where inductor cannot work, the run trains eager and "
-        "says why.",
+        "on CPU ranks, where it gained nothing measured). --compile alone: on. The first "
+        "iteration compiles; where inductor cannot work, the run trains eager and says why.",
         choices=("auto", "on", "off"),
         const="on",
         bool_values=("off", "on"),  # what manifests saved before auto existed (false / true)
