@@ -16,6 +16,7 @@ planned to end inside `--budget` seconds (a step that no longer fits is skipped,
   stage 0) and `--compile off`; every repetition written to OUT/throughput.jsonl and .md as
   it is measured;
 - `pytest -m gpu`, the suite's GPU subset: its summary line;
+- the README's quick start (launchers/quickstart.sh) on one GPU: train, export, sample;
 - gpt2-xl under ZeRO-3 on that GPU, only where the budget leaves room: start-up and three
   steps, the trainer's own predicted and measured memory lines and its step times.
 OUT/gpu_check.md and OUT/gpu_check.json are rewritten after every step, so a slot that ends
@@ -52,7 +53,7 @@ THROUGHPUT_ROWS = [  # measured in this order, so a step cut short keeps the fir
     "gpt_ds --compile off",
 ]
 # each step's longest time (seconds), in the order they run; --limit STEP=SECONDS changes one
-STEP_LIMIT_S = {"throughput": 300, "gpu tests": 180, "gpt2-xl zero3": 150}
+STEP_LIMIT_S = {"throughput": 300, "gpu tests": 180, "quick start": 120, "gpt2-xl zero3": 150}
 MIN_STEP_S = 30  # a step with less of the budget left is skipped
 
 
@@ -153,6 +154,7 @@ def step_commands(args: argparse.Namespace, env: dict, out: Path, work: Path) ->
     commands = {
         "throughput": throughput_command(args, python, data, precision, work, out),
         "gpu tests": [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
+        "quick start": quickstart_command(python, data, work / "quickstart", args.on_cpu),
         "gpt2-xl zero3": xl_command(python, data, work / "gpt2-xl"),
     }
     return {name: cmd for name, cmd in commands.items() if name not in args.skip}
@@ -172,6 +174,15 @@ def run_steps(args: argparse.Namespace, budget: Budget, env: dict, out: Path, wo
             results[name]["summary"] = results[name]["text"].strip().splitlines()[-1:]
         write_report(out, env, results)
     return results
+
+
+def quickstart_command(python: str, data: Path, out_dir: Path, on_cpu: bool) -> list[str]:
+    """The README's quick start (launchers/quickstart.sh: train, export, sample) on one GPU,
+    with this interpreter and the prepared data; on CPU ranks (this script's test) 4 steps."""
+    settings = [f"GPT_DS_PYTHON={python}", f"GPT_DS_DATA={data}", f"GPT_DS_OUT={out_dir}"]
+    cmd = ["env", *settings, "GPT_DS_NUM_GPUS=1", "bash", str(REPO / "launchers" / "quickstart.sh")]
+    tiny = ["--max_iters", "4", "--warmup_iters", "1", "--eval_interval", "2", "--eval_iters", "1"]
+    return cmd + (tiny if on_cpu else [])
 
 
 def xl_command(python: str, data: Path, out_dir: Path) -> list[str]:

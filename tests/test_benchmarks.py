@@ -141,7 +141,14 @@ def test_gpu_check_stopped_by_its_budget_keeps_what_it_measured(shakespeare_dir,
     argv = [str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(out), "--on_cpu"]
     argv += ["--budget", "45", "--model", "gpt2-tiny", "--block_size", "64"]
     argv += ["--micro_batch_size", "2", "--steps", "4", "--reps", "6", "--rows", *rows]
-    argv += ["--skip", "gpu tests", "gpt2-xl zero3", "--work_dir", str(tmp_path / "work")]
+    argv += [
+        "--skip",
+        "gpu tests",
+        "quick start",
+        "gpt2-xl zero3",
+        "--work_dir",
+        str(tmp_path / "work"),
+    ]
     argv += ["--data_dir", str(shakespeare_dir)]
     started = time.monotonic()
     proc = run_python(argv, check=False, timeout=300)
