@@ -96,8 +96,8 @@ def unpadded(shape: ModelShape) -> ModelShape:
 
 def checkpoint_vocab(shape: ModelShape, saved: dict) -> ModelShape:
     """`shape` with the vocabulary padding of the checkpoint it resumes (a run keeps the
-    embedding it started with, e.g. one saved before --vocab_multiple existed), when both
-    have the same tokens; otherwise `shape` as is, for check_model to refuse."""
+    embedding it started with, whatever --vocab_multiple says now), when both have the same
+    tokens; otherwise `shape` as is, for check_model to refuse."""
     tokens = saved.get("token_vocab_size") or saved.get("vocab_size")
     if tokens != shape.tokens:
         return shape

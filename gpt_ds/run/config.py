@@ -98,7 +98,7 @@ class RunConfig:
         "iteration compiles; where inductor cannot work, the run trains eager and says why.",
         choices=("auto", "on", "off"),
         const="on",
-        bool_values=("off", "on"),  # what manifests saved before auto existed (false / true)
+        bool_values=("off", "on"),  # a saved false / true replays as off / on
     )
     log_level: str = option(
         "info",

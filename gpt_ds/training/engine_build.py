@@ -42,13 +42,14 @@ from gpt_ds.run.plan import RunPlan
 
 # DeepSpeed's ZeRO-1/2 optimizer step without its host syncs (on a GPU each drains the queue).
 #
-# DeepSpeed 0.19.8's stage_1_and_2.py makes, per optimizer step (Z = that file):
+# DeepSpeed 0.19.8's DeepSpeedZeroOptimizer (deepspeed/runtime/zero/stage_1_and_2.py) makes, per
+# optimizer step:
 # - per parameter group, `mask_nan_or_inf_with_val_inplace` (deepspeed/runtime/utils.py): a
 #   `torch.tensor(-1.0, device=...)` (a blocking host-to-device copy) used as `masked_fill_`'s
 #   value (an `.item()` in ATen);
-# - per parameter group, `unscale_and_clip_grads` (Z ~3193): `bool()` of "is the norm invalid";
-# - in `step` (Z ~3041), in fp32 only (no loss scaler): the same `bool()`, to skip a step with
-#   inf/NaN gradients.
+# - per parameter group, `unscale_and_clip_grads`: `bool()` of "is the norm invalid";
+# - in `step`, in fp32 only (no loss scaler): the same `bool()`, to skip a step with inf/NaN
+#   gradients.
 # The replacements compute the same values with tensor ops (a Python number as the fill value,
 # `torch.where` for the clip), and fp32 does not skip a step by itself: as in bf16, gpt_ds
 # reads the gradient norm and the loss (training/trainer.py) and stops on a non-finite one
@@ -61,7 +62,9 @@ CHECKED = ("0.19.8",)  # DeepSpeed versions whose stage_1_and_2.py these replace
 
 def mask_invalid_norm(norm: torch.Tensor, device: Any = None, val: float = -1.0) -> None:
     """`mask_nan_or_inf_with_val_inplace` without a sync: an inf or NaN norm becomes -1, the
-    sentinel DeepSpeed's own code writes (whatever `val` says) and later reads as invalid."""
+    sentinel DeepSpeed later reads as invalid. Its signature, so it can stand in for it; as in
+    DeepSpeed 0.19.8's own, `val` and `device` are unused (it always writes -1, on the norm's
+    device), which test_ds_syncs compares value for value."""
     norm.masked_fill_(norm.isnan() | norm.isinf(), -1.0)
 
 
@@ -132,7 +135,8 @@ def make_sync_free(engine: Any, precision: str) -> str:
 # `--compile`: torch.compile of the model through the DeepSpeed engine (`engine.compile()`),
 # on GPUs by default (`auto`), where inductor fuses the elementwise passes and cuts the kernels
 # the host launches per step (one H100, GPT-2 124M: 1.24x the eager tokens/s at two thirds of the
-# memory, BENCHMARKS.md); off on CPU ranks, where compiling takes minutes per launch.
+# memory, BENCHMARKS.md); off on CPU ranks, where it gained nothing measured and each launch's
+# first iteration would carry the compile.
 #
 # The compiled graphs are built on the first forward and backward, so the first iteration
 # carries the compile time (the trainer reports it apart from the steady-state speed). Where
