@@ -474,37 +474,32 @@ def test_cli_bad_input_subprocess():
     assert out.returncode == 2 and "error:" in out.stderr and "gpt2-xl" in out.stderr
 
 
+LOSS_KEPT = {"chunked": chunked_loss_bytes, "deepspeed": deepspeed_loss_bytes}
+# how many bytes per logit the full-logits head keeps beyond each kind, at least
+FULL_EXCESS_PER_LOGIT = {
+    ("chunked", "bf16"): 2.0, ("chunked", "fp32"): 2.0,  # its fp32 log-softmax, at least half
+    ("deepspeed", "bf16"): 1.0,  # half the fp32 log-softmax: its logits stay bf16
+    ("deepspeed", "fp32"): -0.1,  # both keep fp32 logits
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_chunked_loss_keeps_what_the_formula_says(precision):
-    """The training model's head keeps the two gradients of chunked_loss_bytes, no logits:
-    measured saved bytes = layers + other + kept; with more tokens than the model is wide,
-    the full-logits head keeps far more."""
+@pytest.mark.parametrize("loss", ["chunked", "deepspeed"])
+def test_a_loss_kind_keeps_what_its_formula_says(loss, precision):
+    """The training model's head keeps what its kind's formula says (chunked_loss_bytes: the
+    two gradients, no logits; deepspeed_loss_bytes: the logits in the run precision and a few
+    bytes per token): measured saved bytes = layers + other + kept. With more tokens than the
+    model is wide, the full-logits head (--loss full) keeps more (FULL_EXCESS_PER_LOGIT)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     shape, micro = ModelShape(2, 4, 256, 128), 8  # 1024 tokens, 256 wide
-    act = activation_bytes(shape, micro, precision, False, loss="chunked")
-    kept, transient = chunked_loss_bytes(shape, micro, precision)
-    measured = _saved_bytes(shape, dtype, micro, False, loss="chunked")
+    act = activation_bytes(shape, micro, precision, False, loss=loss)
+    kept, transient = LOSS_KEPT[loss](shape, micro, precision)
+    measured = _saved_bytes(shape, dtype, micro, False, loss=loss)
     assert close(measured, act["layers"] + act["other"] + kept, 0.10), (measured, kept)
     assert act["logits"] == kept + transient
-    full = _saved_bytes(shape, dtype, micro, False)
-    assert full - measured > 0.5 * micro * shape.block_size * shape.vocab_size * 4
-
-
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_deepspeed_loss_keeps_what_the_formula_says(precision):
-    """--loss deepspeed keeps the logits in the run precision and a few bytes per token
-    (deepspeed_loss_bytes): measured saved bytes = layers + other + kept; in bf16 half what
-    the full path's fp32 log-softmax takes."""
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    shape, micro = ModelShape(2, 4, 256, 128), 8  # 1024 tokens, 256 wide
-    act = activation_bytes(shape, micro, precision, False, loss="deepspeed")
-    kept, made = deepspeed_loss_bytes(shape, micro, precision)
-    measured = _saved_bytes(shape, dtype, micro, False, loss="deepspeed")
-    assert close(measured, act["layers"] + act["other"] + kept, 0.10), (measured, kept)
-    assert act["logits"] == kept + made
     logits = micro * shape.block_size * shape.vocab_size
     full = _saved_bytes(shape, dtype, micro, False, loss="full")
-    assert full - measured > (0.5 * logits * 2 if precision == "bf16" else -0.1 * logits)
+    assert full - measured > FULL_EXCESS_PER_LOGIT[loss, precision] * logits, (full, measured)
 
 
 def test_the_loss_kinds_order_as_their_arithmetic_says():
