@@ -10,7 +10,7 @@ step asks of the device (kernel-launching operators and host syncs per phase, st
 Inside the window every host sync is marked in the trace (host_syncs.py). On a GPU,
 GPT_DS_SYNC_DEBUG=warn|error also turns on torch's own check over the window
 (`torch.cuda.set_sync_debug_mode`): every synchronizing CUDA call warns, or raises with its
-stack (the GPU tests run the sync-free step under "error").
+stack (the GPU tests run the sync-free step under "warn" and read the warnings).
 """
 
 from __future__ import annotations
