@@ -13,13 +13,12 @@ pretrained GPT-2 under ZeRO-3, export, sample, the picker.
 
 from __future__ import annotations
 
-import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers.venvs import declared_floors, venv_copy
+from helpers.venvs import declared_floors, pip_installs, venv_copy
 from support.launch import REPO, TRAIN, launch_env, run_checked, tiny_run_args
 
 pytestmark = pytest.mark.slow
@@ -44,7 +43,7 @@ def floor_venv(floor_torch, tmp_path_factory) -> tuple[Path, dict[str, str], lis
     report = folder / "pip-report.json"
     pip = [python, "-m", "pip", "install", "--quiet", "--no-cache-dir", "--report", report]
     run_checked([*pip, "-c", pins, "-e", REPO], REPO, env, timeout=900)
-    installed = [i["metadata"]["name"] for i in json.loads(report.read_text())["install"]]
+    installed = list(pip_installs(report))
     return venv, env, installed
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.venvs import venv_copy
+from helpers.venvs import pip_installs, venv_copy
 from support.launch import REPO, run_checked
 
 from gpt_ds.launch.wheelhouse import (
@@ -155,9 +155,7 @@ def test_a_node_with_the_floor_torch_and_no_index_installs_and_trains_from_it(
     pip = [python, "-m", "pip", "install", "--quiet", "--no-cache-dir", "--report", report]
     # --isolated: no pip config, no PIP_* variable (this machine's find-links), no index
     run_checked([*pip, "--isolated", "--no-index", "--find-links", house, "gpt_ds"], tmp_path, env)
-    installed = {
-        canonical(i["metadata"]["name"]) for i in json.loads(report.read_text())["install"]
-    }
+    installed = {canonical(name) for name in pip_installs(report)}
     assert "gpt-ds" in installed and "torch" not in installed, installed
     where = run_checked(
         [python, "-c", "import gpt_ds, deepspeed; print(gpt_ds.__file__)"], tmp_path, env
@@ -179,11 +177,8 @@ def image_freeze(python_version: str, *pins: str, folder: Path) -> Path:
                "--python-version", python_version,
                "--target", folder / "target", "--report", report, *pins]  # fmt: skip
     run_checked(resolve, folder, dict(os.environ), timeout=600)
-    items = json.loads(report.read_text())["install"]
     freeze = folder / "freeze.txt"
-    freeze.write_text(
-        "".join(f"{i['metadata']['name']}=={i['metadata']['version']}\n" for i in items)
-    )
+    freeze.write_text("".join(f"{n}=={v}\n" for n, v in pip_installs(report).items()))
     return freeze
 
 

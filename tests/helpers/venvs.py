@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import importlib.metadata as metadata
+import json
 import os
 import re
 import shutil
@@ -100,3 +101,9 @@ def venv_copy(source: Path, venv: Path) -> Path:
     neither changes the other); its python. Entry scripts in bin/ still name `source`."""
     subprocess.run(["cp", "-al", str(source), str(venv)], check=True)
     return venv / "bin" / "python"
+
+
+def pip_installs(report: Path) -> dict[str, str]:
+    """name -> version of what a pip `--report` file says pip installs (or would)."""
+    items = json.loads(report.read_text())["install"]
+    return {i["metadata"]["name"]: i["metadata"]["version"] for i in items}
