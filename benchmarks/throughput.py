@@ -64,7 +64,8 @@ from gpt_ds.observe.metrics import resolve_peak  # noqa: E402
 
 REFERENCE = "HF Trainer"
 FP32_ROW = "gpt_ds --precision fp32"  # in a table of another precision only
-# --compile compiles for a minute or more per launch on a CPU: asked for by name (--rows), as
+# --compile adds its compile to every CPU launch (a 13.4 s first iteration for gpt2-tiny,
+# BENCHMARKS.md) and gained nothing there: asked for by name (--rows), as
 # are activation checkpointing (benchmarks/activation_checkpointing.py measures it), --compile
 # off (on a CPU the default itself) and stage 0 (the same run in every stage's table; gpu_check.py
 # names those two)

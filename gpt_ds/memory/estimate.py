@@ -31,7 +31,7 @@ from typing import Any
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 from gpt_ds.model.chunked_loss import chunk_rows
-from gpt_ds.model.gpt2 import ModelShape, shape_problems
+from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, shape_problems
 
 # What of a run costs memory besides the model: the zero_optimization sizes (`ZeroSettings`,
 # from a DeepSpeed config or preset) and the run itself (`DeepSpeedRun`).
@@ -267,8 +267,8 @@ def _check_run(shape: ModelShape, run: DeepSpeedRun) -> None:
     problems += [f"{name} must be >= 1, got {v}" for name, v in counts.items() if v < 1]
     if run.precision not in PRECISION_BYTES:
         problems.append(f"precision must be bf16, fp16 or fp32, got {run.precision!r}")
-    if run.loss not in LOSS_NAMES:
-        problems.append(f"loss must be one of {', '.join(LOSS_NAMES)}, got {run.loss!r}")
+    if run.loss not in LOSS_KINDS:
+        problems.append(f"loss must be one of {', '.join(LOSS_KINDS)}, got {run.loss!r}")
     if run.rank is not None and not 0 <= run.rank < max(1, run.world_size):
         problems.append(f"rank must be in [0, world_size), got {run.rank}")
     if problems:
@@ -620,7 +620,7 @@ def deepspeed_loss_bytes(
     return logits + tokens * (4 + 8), logits
 
 
-# Names of the loss kinds in MemoryEstimate.format's activations part.
+# Names of the loss kinds (gpt2.LOSS_KINDS) in MemoryEstimate.format's activations part.
 LOSS_NAMES = {"chunked": "chunked loss", "deepspeed": "DeepSpeed's loss", "full": "logits"}
 
 
