@@ -76,12 +76,21 @@ def pytest_configure(config):
         os.environ.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
 
 
+# The device files a GPU driver makes (NVIDIA, AMD ROCm): there without asking torch, whose
+# CUDA the runs other than `pytest -m gpu` hide (pytest_configure)
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")
+
+
 def skip_gpu_tests(config, items) -> None:
-    """GPU tests run only in `pytest -m gpu` on a machine with a GPU; said with the reason."""
+    """GPU tests run only in `pytest -m gpu` on a machine with a GPU; said with the reason the
+    machine gives: it has no GPU, or it has one and this run keeps to CPU ranks."""
     import torch
 
     if not selects_gpu_tests(config.option.markexpr or ""):
-        reason = "GPU test: run `pytest -m gpu` on a GPU machine (other runs use CPU ranks)"
+        if not any(Path(f).exists() for f in GPU_DEVICE_FILES):
+            reason = f"no GPU here (no {' or '.join(GPU_DEVICE_FILES)}): a GPU test"
+        else:
+            reason = "GPU test: run `pytest -m gpu` on this GPU machine (other runs use CPU ranks)"
     elif not torch.cuda.is_available():
         reason = "no GPU here: torch.cuda.is_available() is False"
     else:
