@@ -62,10 +62,11 @@ def eval_worker(result: Path, run_args: list[str]) -> None:
 
     from gpt_ds.base import dist
     from gpt_ds.run.config import parse_args
+    from gpt_ds.run.machine import probe_machine
     from gpt_ds.run.plan import plan_run
     from gpt_ds.training.trainer import Trainer
 
-    plan = plan_run(parse_args(run_args))  # the trainer's own planning chain
+    plan = plan_run(parse_args(run_args), probe_machine())  # the trainer's own planning chain
     cfg, ds, shape = plan.cfg, plan.ds, plan.shape
     dist.init()
     try:

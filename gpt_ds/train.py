@@ -1,9 +1,10 @@
 """Train GPT-2 with DeepSpeed: `deepspeed [--num_gpus N | --hostfile H] gpt_ds/train.py ...`.
 
 Also `deepspeed --module gpt_ds.train ...`, `python gpt_ds/train.py ...` (one process) and
-`python -m gpt_ds.train ...`. The flow reads top to bottom: parse -> `plan_run` (run/plan.py:
-the run config, the model's shape, the DeepSpeed config, the data and the checkpoint to resume:
-all checked before any model exists, identically on every rank) -> process group ->
+`python -m gpt_ds.train ...`. The flow reads top to bottom: parse -> the machine's facts, probed
+once (run/machine.py) -> `plan_run` (run/plan.py: the run config, the model's shape, the
+DeepSpeed config, the data, the checkpoint to resume and every choice left to gpt_ds: all
+resolved and checked before any model exists, identically on every rank) -> process group ->
 `Trainer(plan).run()` (training/trainer.py: model -> engine -> loop -> eval -> checkpoint).
 """
 
@@ -30,6 +31,7 @@ from gpt_ds.base.dist import adopt_launcher_world
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.observe.watchdog import flight_recorder_env
 from gpt_ds.run.config import parse_args
+from gpt_ds.run.machine import probe_machine
 from gpt_ds.run.plan import claim_out_dir, finished, plan_run, verify_resume
 from gpt_ds.training.trainer import Trainer
 
@@ -39,9 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         adopt_launcher_world()  # mpirun/srun ranks: RANK, WORLD_SIZE before planning
         cfg = parse_args(argv)
         logs.configure(cfg.log_level, dist.rank())  # the launcher's rank, before the group
-        plan = plan_run(cfg)
+        plan = plan_run(cfg, probe_machine(dist.local_rank()))
     except GptDsError as exc:
         return dist.refuse(exc)
+    for line in plan.notes:
+        dist.print0(line)
     if plan.cfg.hang_timeout != 0:  # NCCL's flight recorder dumps next to the hang's stacks
         os.environ.update(flight_recorder_env(plan.cfg.out_dir, os.environ))
     dist.init()

@@ -5,6 +5,7 @@ loss kinds `full` and `deepspeed` compile in the model's one graph, `chunked` st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,10 +15,13 @@ from helpers.compared_runs import ITERS, WHOLE, compared_run
 from helpers.shared import shared_folder
 from support.runs import train_losses, val_losses
 
+from gpt_ds.dsconfig.settings import MachineFacts
 from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, build_model, padded_vocab
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.run.config import parse_args
-from gpt_ds.training.engine_build import compile_blocker, compile_engine, wants_compile
+from gpt_ds.run.machine import compile_blocker
+from gpt_ds.run.plan import run_choices
+from gpt_ds.training.engine_build import compile_engine
 
 
 def test_no_cpp_compiler_is_named(monkeypatch):
@@ -36,7 +40,7 @@ def test_compiling_leaves_dynamos_suppress_errors_alone():
     later is torch's to report: `suppress_errors` keeps its value. `nn.Module.compile` is the
     in-place compile `engine.compile()` does for DeepSpeed's module."""
     before = torch._dynamo.config.suppress_errors
-    line = compile_engine(torch.nn.Linear(4, 4), "cpu")
+    line = compile_engine(torch.nn.Linear(4, 4), compile_blocker("cpu"))
     assert torch._dynamo.config.suppress_errors == before, line
     assert "compiled by torch.compile" in line or line.startswith("WARNING: --compile"), line
 
@@ -45,7 +49,7 @@ def test_a_machine_that_cannot_compile_warns_that_it_trains_eager(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-c++")
     monkeypatch.setenv("PATH", "/nonexistent")
     before = torch._dynamo.config.suppress_errors
-    line = compile_engine(torch.nn.Linear(4, 4), "cpu")
+    line = compile_engine(torch.nn.Linear(4, 4), compile_blocker("cpu"))
     assert line.startswith("WARNING: --compile: cannot compile, the run trains eager: "), line
     assert "C++ compiler" in line and "no-such-c++" in line
     assert torch._dynamo.config.suppress_errors == before
@@ -101,8 +105,17 @@ def test_the_logits_losses_compile_in_the_models_one_graph(loss):
 
 
 def test_auto_compiles_on_gpus_only():
-    assert [wants_compile("auto", d) for d in ("cuda", "cpu")] == [True, False]
-    assert wants_compile("on", "cpu") and not wants_compile("off", "cuda")
+    """The plan's choice, from --compile and the machine's facts (a GPU machine's stated)."""
+    shape = ModelShape(n_layer=1, n_head=2, n_embd=32, block_size=16)
+    gpu = MachineFacts.gpu_cluster(world_size=1, gpus_per_node=1, precision="bf16")
+    cpu = dataclasses.replace(gpu, device_type="cpu", compile_blocker="no C++ compiler")
+
+    def compiles(mode: str, machine: MachineFacts) -> tuple[bool, str | None]:
+        choices = run_choices(parse_args(["--compile", mode]), machine, shape)
+        return choices.compile, choices.compile_blocker
+
+    assert [compiles("auto", m)[0] for m in (gpu, cpu)] == [True, False]
+    assert compiles("on", cpu) == (True, "no C++ compiler") and not compiles("off", gpu)[0]
 
 
 @pytest.mark.parametrize(("saved", "mode"), [(False, "off"), (True, "on"), ("auto", "auto")])

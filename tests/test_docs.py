@@ -22,16 +22,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.machine import here
 
 from gpt_ds.base.cli import flag_reference
-from gpt_ds.dsconfig.resolve import (
+from gpt_ds.dsconfig.resolve import resolve_ds_config
+from gpt_ds.dsconfig.schema import load_ds_config
+from gpt_ds.dsconfig.settings import (
     DEFAULT_GRAD_ACCUM,
     DEFAULT_MICRO_BATCH,
     FLAG_DEFAULTS,
     RunSettings,
-    resolve_ds_config,
 )
-from gpt_ds.dsconfig.schema import load_ds_config
 from gpt_ds.run.config import RunConfig, build_parser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +106,9 @@ def test_the_batch_flags_show_the_defaults_the_resolution_uses():
     assert micro.startswith(f"`{DEFAULT_MICRO_BATCH}` (")
     assert cells["`--grad_accum GRAD_ACCUM`"].startswith(f"`{DEFAULT_GRAD_ACCUM}` (")
     settings = RunSettings(world_size=2, decay_iters=10)
-    resolved = resolve_ds_config(load_ds_config(REPO / "ds_configs" / "zero2.json"), settings)
+    resolved = resolve_ds_config(
+        load_ds_config(REPO / "ds_configs" / "zero2.json"), settings, facts=here()
+    )
     assert resolved.config["train_micro_batch_size_per_gpu"] == DEFAULT_MICRO_BATCH
     assert resolved.config["gradient_accumulation_steps"] == DEFAULT_GRAD_ACCUM
 

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
 
 import jsonschema
 import pytest
+from helpers.machine import here
 from helpers.messages import assert_names, names
 from support.launch import free_port, launch_env, remove_shm_buffers, run_python
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.dsconfig import resolve as ds_config
 from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
 from gpt_ds.dsconfig.precision import cpu_precision, detect_precision
-from gpt_ds.dsconfig.resolve import ResolvedDsConfig, RunSettings, resolve_ds_config
+from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
 from gpt_ds.dsconfig.schema import PRESETS, SCHEMA_PATH, load_ds_config, preset_path
+from gpt_ds.dsconfig.settings import MachineFacts, RunSettings
 
 STAGES = {"zero1": 1, "zero2": 2, "zero2_offload": 2, "zero3": 3, "zero3_offload": 3}
 
@@ -72,7 +74,7 @@ def test_schema_is_valid_draft_2020_12():
 def test_preset_validates_and_resolves(name, world_size):
     raw = load_ds_config(preset_path(name))
     before = copy.deepcopy(raw)
-    r = resolve_ds_config(raw, run_settings(world_size=world_size), source=name)
+    r = resolve_ds_config(raw, run_settings(world_size=world_size), source=name, facts=here())
 
     assert raw == before, "resolve must not modify its input"
     assert isinstance(r, ResolvedDsConfig)
@@ -102,12 +104,12 @@ def test_overlap_comm_auto_is_off_on_one_rank_and_a_users_value_stands(name, tmp
     raw = load_ds_config(preset_path(name))
     assert raw["zero_optimization"]["overlap_comm"] == "auto"
     for world, on in ((1, False), (2, True), (8, True)):
-        r = resolve_ds_config(raw, run_settings(world_size=world), source=name)
+        r = resolve_ds_config(raw, run_settings(world_size=world), source=name, facts=here())
         assert r.config["zero_optimization"]["overlap_comm"] is on
         assert f'overlap_comm: {str(on).lower()} (was "auto": ' in "\n".join(r.notes)
     raw["zero_optimization"]["overlap_comm"] = True
     mine = load_ds_config(write(tmp_path, raw))
-    r = resolve_ds_config(mine, run_settings(world_size=1), source="mine.json")
+    r = resolve_ds_config(mine, run_settings(world_size=1), source="mine.json", facts=here())
     assert r.config["zero_optimization"]["overlap_comm"] is True
     assert not any(n.startswith("overlap_comm") for n in r.notes)
 
@@ -117,7 +119,9 @@ def test_resolved_preset_parses_in_deepspeed_config(name):
     """DeepSpeed's own config parser (pydantic models, batch assertion) accepts the result."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    r = resolve_ds_config(load_ds_config(preset_path(name)), run_settings(precision="bf16"))
+    r = resolve_ds_config(
+        load_ds_config(preset_path(name)), run_settings(precision="bf16"), facts=here()
+    )
     parsed = DeepSpeedConfig(r.config)  # no process group: DeepSpeed assumes world size 1
     assert parsed.zero_optimization_stage == STAGES[name]
     assert parsed.bfloat16_config.enabled and not parsed.float16_config.enabled
@@ -248,7 +252,7 @@ def test_batch_arithmetic_mismatch():
     cfg = zero2()
     cfg.update(train_batch_size=32, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2)
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(cfg, run_settings(world_size=2), source="x.json")
+        resolve_ds_config(cfg, run_settings(world_size=2), source="x.json", facts=here())
     # each value with the key it is: the sides of train_batch_size = micro x accumulation x world
     assert_names(
         problem(e, "train_batch_size 32"),
@@ -263,7 +267,7 @@ def test_batch_not_divisible():
     cfg = zero2()
     cfg.update(train_batch_size=24)
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(cfg, run_settings(world_size=4, micro_batch_size=4))
+        resolve_ds_config(cfg, run_settings(world_size=4, micro_batch_size=4), facts=here())
     assert_names(
         problem(e, "train_batch_size 24"),
         "train_micro_batch_size_per_gpu 4",
@@ -277,7 +281,7 @@ def test_config_and_cli_conflict():
     cfg["optimizer"]["params"]["lr"] = 3e-4
     with pytest.raises(ConfigError) as e:
         resolve_ds_config(
-            cfg, run_settings(micro_batch_size=4, lr=1e-3), source="ds_configs/x.json"
+            cfg, run_settings(micro_batch_size=4, lr=1e-3), source="ds_configs/x.json", facts=here()
         )
     micro = problem(e, "--micro_batch_size 4")
     assert_names(micro, "train_micro_batch_size_per_gpu", "8", "ds_configs/x.json")
@@ -287,7 +291,7 @@ def test_config_and_cli_conflict():
 def test_equal_config_and_cli_values_agree():
     cfg = zero2()
     cfg["train_micro_batch_size_per_gpu"] = 8
-    r = resolve_ds_config(cfg, run_settings(micro_batch_size=8))
+    r = resolve_ds_config(cfg, run_settings(micro_batch_size=8), facts=here())
     assert r.micro_batch_size == 8
 
 
@@ -296,7 +300,7 @@ def test_fp16_and_bf16_both_enabled():
     cfg["bf16"]["enabled"] = True
     cfg["fp16"]["enabled"] = True
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(cfg, run_settings(precision=None), source="x.json")
+        resolve_ds_config(cfg, run_settings(precision=None), source="x.json", facts=here())
     assert_names(problem(e, "bf16.enabled"), "fp16.enabled", "true", "x.json")
 
 
@@ -304,7 +308,7 @@ def test_pinned_precision_conflicts_with_cli():
     cfg = zero2()
     cfg["bf16"]["enabled"] = True
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(cfg, run_settings(precision="fp32"), source="x.json")
+        resolve_ds_config(cfg, run_settings(precision="fp32"), source="x.json", facts=here())
     assert_names(problem(e, "--precision fp32"), "bf16.enabled", "true", "x.json")
 
 
@@ -325,12 +329,12 @@ def test_monitor_enabled_without_its_package():
     cfg = zero2()
     cfg[section] = {"enabled": True}
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(cfg, run_settings())
+        resolve_ds_config(cfg, run_settings(), facts=here())
     missing = problem(e, f"{section}.enabled")
     assert_names(missing, "true", "pip install")
     assert_names(missing.replace(f"{section}.enabled", ""), module)  # the package, not the key
     cfg[section]["enabled"] = False
-    resolve_ds_config(cfg, run_settings())
+    resolve_ds_config(cfg, run_settings(), facts=here())
 
 
 def test_all_resolution_problems_raised_together():
@@ -339,16 +343,23 @@ def test_all_resolution_problems_raised_together():
     cfg["bf16"]["enabled"] = cfg["fp16"]["enabled"] = True
     cfg["scheduler"]["params"]["total_num_steps"] = 500
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(cfg, run_settings(world_size=2, micro_batch_size=4, decay_iters=10))
+        resolve_ds_config(
+            cfg, run_settings(world_size=2, micro_batch_size=4, decay_iters=10), facts=here()
+        )
     assert len(e.value.problems) == 4
 
 
 def test_bad_run_values():
-    with pytest.raises(ConfigError) as e:
-        resolve_ds_config(zero2(), run_settings(micro_batch_size=0, precision="fp8", lr=-1.0))
-    assert_names(problem(e, "--micro_batch_size"), "0")
-    assert_names(problem(e, "--precision"), "'fp8'", "auto", "bf16", "fp16", "fp32")
-    assert_names(problem(e, "--lr"), "-1.0")
+    """RunSettings' one check (the run config's validation reports it with its other flags)."""
+    problems = run_settings(micro_batch_size=0, precision="fp8", lr=-1.0).problems()
+
+    def one(subject: str) -> str:
+        (found,) = [p for p in problems if names(p, subject)]
+        return found
+
+    assert_names(one("--micro_batch_size"), "0")
+    assert_names(one("--precision"), "'fp8'", "auto", "bf16", "fp16", "fp32")
+    assert_names(one("--lr"), "-1.0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,7 +371,7 @@ def test_cli_values_fill_autos():
         world_size=2, micro_batch_size=2, grad_accum=3, lr=1e-3, min_lr=2e-4,
         warmup_iters=7, decay_iters=50, grad_clip=0.5,
     )  # fmt: skip
-    r = resolve_ds_config(zero2(), run)
+    r = resolve_ds_config(zero2(), run, facts=here())
     cfg = r.config
     assert (r.micro_batch_size, r.grad_accum, r.train_batch_size) == (2, 3, 12)
     assert cfg["optimizer"]["params"]["lr"] == 1e-3
@@ -388,18 +399,18 @@ def test_cli_values_fill_autos():
 def test_batch_derivation(config_batch, world, expected):
     cfg = zero2()
     cfg.update(config_batch)
-    r = resolve_ds_config(cfg, run_settings(world_size=world))
+    r = resolve_ds_config(cfg, run_settings(world_size=world), facts=here())
     assert (r.micro_batch_size, r.grad_accum, r.train_batch_size) == expected
 
 
 def test_short_run_warmup_at_least_one():
-    r = resolve_ds_config(zero2(), run_settings(decay_iters=5))
+    r = resolve_ds_config(zero2(), run_settings(decay_iters=5), facts=here())
     assert r.config["scheduler"]["params"]["warmup_num_steps"] == 1
 
 
 def test_warmup_longer_than_run_rejected():
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(zero2(), run_settings(decay_iters=10, warmup_iters=20))
+        resolve_ds_config(zero2(), run_settings(decay_iters=10, warmup_iters=20), facts=here())
     assert_names(problem(e, "warmup_num_steps 20"), "--warmup_iters", "10")
 
 
@@ -408,45 +419,52 @@ def test_the_schedules_span_is_named_by_the_flag_it_comes_from():
     cfg = zero2()
     cfg["scheduler"]["params"]["total_num_steps"] = 500
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(cfg, run_settings(decay_iters=10, decay_from="--max_tokens"))
+        resolve_ds_config(
+            cfg, run_settings(decay_iters=10, decay_from="--max_tokens"), facts=here()
+        )
     assert_names(problem(e, "scheduler.params.total_num_steps"), "500", "10", "--max_tokens")
     assert not names(problems_of(e), "--max_iters")
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(cfg, run_settings(decay_iters=10, decay_from="--lr_decay_iters"))
+        resolve_ds_config(
+            cfg, run_settings(decay_iters=10, decay_from="--lr_decay_iters"), facts=here()
+        )
     assert_names(problem(e, "scheduler.params.total_num_steps"), "--lr_decay_iters 10")
 
 
 def test_min_lr_conflicts_with_concrete_cos_min_ratio():
     cfg = zero2()
     cfg["scheduler"]["params"]["cos_min_ratio"] = 0.05
-    r = resolve_ds_config(cfg, run_settings(lr=1e-3))
+    r = resolve_ds_config(cfg, run_settings(lr=1e-3), facts=here())
     assert r.min_lr == pytest.approx(5e-5)
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(cfg, run_settings(lr=1e-3, min_lr=1e-4))
+        resolve_ds_config(cfg, run_settings(lr=1e-3, min_lr=1e-4), facts=here())
     assert_names(problem(e, "scheduler.params.cos_min_ratio"), "0.05", "--min_lr 0.0001")
 
 
 def test_config_without_optimizer_or_scheduler():
     cfg = zero2()
     del cfg["optimizer"], cfg["scheduler"]
-    r = resolve_ds_config(cfg, run_settings(lr=3e-4))
+    r = resolve_ds_config(cfg, run_settings(lr=3e-4), facts=here())
     assert "optimizer" not in r.config and r.lr == 3e-4
     assert any("the trainer must pass one" in n for n in r.notes)
 
 
-def test_precision_both_disabled_is_fp32(monkeypatch):
-    monkeypatch.setattr(ds_config, "detect_precision", lambda: ("bf16", "test"))
+def detecting(precision: str, why: str = "test") -> MachineFacts:
+    """This machine's facts, but detecting `precision` and refusing nothing."""
+    return dataclasses.replace(here(), precision=(precision, why), fp16_refusal=None)
+
+
+def test_precision_both_disabled_is_fp32():
     cfg = zero2()
     cfg["bf16"]["enabled"] = cfg["fp16"]["enabled"] = False
-    r = resolve_ds_config(cfg, run_settings(precision=None))
+    r = resolve_ds_config(cfg, run_settings(precision=None), facts=detecting("bf16"))
     assert r.precision == "fp32"
 
 
 @pytest.mark.parametrize("detected", ["bf16", "fp16", "fp32"])
-def test_precision_detected_when_auto(monkeypatch, detected):
-    monkeypatch.setattr(ds_config, "detect_precision", lambda: (detected, "test hardware"))
-    monkeypatch.setattr(ds_config, "precision_refusal", lambda _p: None)  # test_precision's
-    r = resolve_ds_config(zero2(), run_settings(precision="auto"))
+def test_precision_detected_when_auto(detected):
+    facts = detecting(detected, "test hardware")
+    r = resolve_ds_config(zero2(), run_settings(precision="auto"), facts=facts)
     assert r.precision == detected
     assert r.config["bf16"]["enabled"] is (detected == "bf16")
     assert r.config["fp16"]["enabled"] is (detected == "fp16")
@@ -454,17 +472,15 @@ def test_precision_detected_when_auto(monkeypatch, detected):
     assert f"precision: {detected} (test hardware)" in r.notes
 
 
-def test_detected_precision_disabled_by_config_falls_back_to_fp32(monkeypatch):
-    monkeypatch.setattr(ds_config, "detect_precision", lambda: ("bf16", "test"))
+def test_detected_precision_disabled_by_config_falls_back_to_fp32():
     cfg = zero2()
     cfg["bf16"]["enabled"] = False
-    assert resolve_ds_config(cfg, run_settings(precision=None)).precision == "fp32"
+    facts = detecting("bf16")
+    assert resolve_ds_config(cfg, run_settings(precision=None), facts=facts).precision == "fp32"
 
 
-def test_cli_precision_forces(monkeypatch):
-    monkeypatch.setattr(ds_config, "detect_precision", lambda: pytest.fail("not called"))
-    monkeypatch.setattr(ds_config, "precision_refusal", lambda _p: None)  # test_precision's
-    r = resolve_ds_config(zero2(), run_settings(precision="fp16"))
+def test_cli_precision_forces():
+    r = resolve_ds_config(zero2(), run_settings(precision="fp16"), facts=detecting("bf16"))
     assert r.config["fp16"]["enabled"] is True and r.config["bf16"]["enabled"] is False
 
 
@@ -501,8 +517,10 @@ import torch
 from deepspeed.accelerator import get_accelerator
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
+from gpt_ds.dsconfig.resolve import resolve_ds_config
+from gpt_ds.dsconfig.settings import RunSettings
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+from gpt_ds.run.machine import probe_machine
 
 failed = False
 for name in sys.argv[1:]:
@@ -512,7 +530,9 @@ for name in sys.argv[1:]:
             GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128, n_positions=32)
         )
         run = RunSettings(world_size=1, decay_iters=4, micro_batch_size=2, precision="fp32")
-        resolved = resolve_ds_config(load_ds_config(preset_path(name)), run, source=name)
+        facts = probe_machine()
+        raw = load_ds_config(preset_path(name))
+        resolved = resolve_ds_config(raw, run, source=name, facts=facts)
         engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=resolved.config
         )

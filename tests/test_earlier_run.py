@@ -29,6 +29,7 @@ from gpt_ds.observe.metrics import read_attempts, read_metrics
 from gpt_ds.observe.plot import load_run
 from gpt_ds.run.config import parse_args, validate
 from gpt_ds.run.lock import LOCK_NAME, LockOwner, OutDirHasRun
+from gpt_ds.run.machine import probe_machine
 from gpt_ds.run.plan import plan_run, verify_resume
 
 
@@ -77,7 +78,7 @@ def test_resume_auto_on_a_finished_run_trains_nothing_and_past_it_is_refused(
     assert f"nothing to train: {finished}/final is at iteration 24, the run's last" in out
     assert file_hashes(finished) == before
     with pytest.raises(ConfigError) as past:
-        plan_run(parse_args([*argv, "--max_iters", "4"]))
+        plan_run(parse_args([*argv, "--max_iters", "4"]), probe_machine())
     assert_names(str(past.value), f"{finished}/final", "24", "4")  # the checkpoint, both lengths
 
 
@@ -88,14 +89,17 @@ def test_resume_auto_continues_the_newest_checkpoint(finished, stage_run, shakes
     shutil.rmtree(finished / "final")
     (finished / "latest").write_text("iter_20")
     argv = stage_args(shakespeare_dir, finished, resume="auto", grad_accum=2, max_iters=30)
-    plan = plan_run(parse_args(argv))
+    plan = plan_run(parse_args(argv), probe_machine())
     assert plan.resume is not None and plan.resume.tag == "iter_20"
-    assert plan_run(parse_args([*argv, "--resume"])).resume == plan.resume
+    assert plan_run(parse_args([*argv, "--resume"]), probe_machine()).resume == plan.resume
     weights = ["--init_from", f"{stage_run(2)[0]}:iter_10"]
     no_model = stage_args(shakespeare_dir, finished, resume="auto", grad_accum=2, model=None)
-    assert plan_run(parse_args([*no_model, *weights, "--max_iters", "30"])).resume == plan.resume
+    assert (
+        plan_run(parse_args([*no_model, *weights, "--max_iters", "30"]), probe_machine()).resume
+        == plan.resume
+    )
     with pytest.raises(ConfigError) as both:
-        validate(parse_args([*no_model, *weights, "--resume", "latest"]))
+        validate(parse_args([*no_model, *weights, "--resume", "latest"]), world_size=1)
     assert_names(str(both.value), "--init_from", "--resume")
 
 
@@ -116,7 +120,7 @@ def test_a_resume_on_another_world_size_is_resolved_once(finished, shakespeare_d
         f.seek(100)
         f.write(b"damaged")
     argv = stage_args(shakespeare_dir, finished, resume="latest", grad_accum=2, max_iters=30)
-    plan = verify_resume(plan_run(parse_args(argv)))
+    plan = verify_resume(plan_run(parse_args(argv), probe_machine()))
     assert plan.resume is not None and plan.resume.tag == "iter_20"
     assert len(calls) == 1
     assert plan.resumes_universal  # saved on 2 ranks, resumed on 1
@@ -125,7 +129,7 @@ def test_a_resume_on_another_world_size_is_resolved_once(finished, shakespeare_d
     assert plan.engine_config()["zero_optimization"] == plan.ds.config["zero_optimization"]
 
 
-def test_resume_auto_starts_an_out_dir_without_output(shakespeare_dir, tmp_path, capsys):
+def test_resume_auto_starts_an_out_dir_without_output(shakespeare_dir, tmp_path):
     """Nothing of gpt_ds's there (a missing folder, or one holding other files and a stale
     lock): the run starts, said in one line."""
     for out in (tmp_path / "new", tmp_path / "other"):
@@ -133,9 +137,12 @@ def test_resume_auto_starts_an_out_dir_without_output(shakespeare_dir, tmp_path,
             out.mkdir()
             (out / "notes.txt").write_text("mine")
             (out / LOCK_NAME).write_text(json.dumps({**gone_owner(), "run_id": "old"}))
-        plan = plan_run(parse_args(tiny_run_args(shakespeare_dir, out, resume="auto")))
+        plan = plan_run(
+            parse_args(tiny_run_args(shakespeare_dir, out, resume="auto")), probe_machine()
+        )
         assert plan.resume is None
-        assert f"--resume auto: no checkpoint in {out}: starting the run" in capsys.readouterr().out
+        said = f"--resume auto: no checkpoint in {out}: starting the run"
+        assert any(said in line for line in plan.notes), plan.notes
 
 
 @pytest.mark.parametrize(
@@ -147,7 +154,7 @@ def test_resume_auto_starts_an_out_dir_without_output(shakespeare_dir, tmp_path,
     ],
 )
 def test_output_without_a_checkpoint_is_refused_without_resume_and_started_over_by_auto(
-    leftover, named, shakespeare_dir, tmp_path, capsys
+    leftover, named, shakespeare_dir, tmp_path
 ):
     """A killed launch's metrics, an interrupted save or a lone `latest`: a new run without
     --resume would mix into it and is refused, and so is plain --resume (nothing to continue);
@@ -163,18 +170,17 @@ def test_output_without_a_checkpoint_is_refused_without_resume_and_started_over_
         (out / leftover).mkdir()
     cfg = parse_args(tiny_run_args(shakespeare_dir, out))
     with pytest.raises(OutDirHasRun) as refused:
-        plan_run(cfg)
+        plan_run(cfg, probe_machine())
     message = str(refused.value)
     assert_names(message, f"--out_dir {out}", named, "another --out_dir")
     assert not names(message, "--resume")  # nothing to continue: --resume is not offered
     with pytest.raises(CheckpointError) as refused:
-        plan_run(parse_args(tiny_run_args(shakespeare_dir, out, resume=True)))
+        plan_run(parse_args(tiny_run_args(shakespeare_dir, out, resume=True)), probe_machine())
     assert_names(str(refused.value), "--resume", str(out), "--resume auto")
 
-    capsys.readouterr()
-    plan = plan_run(parse_args(tiny_run_args(shakespeare_dir, out, resume="auto")))
+    plan = plan_run(parse_args(tiny_run_args(shakespeare_dir, out, resume="auto")), probe_machine())
     assert plan.resume is None
-    (said,) = [line for line in capsys.readouterr().out.splitlines() if "--resume auto" in line]
+    (said,) = [line for line in plan.notes if "--resume auto" in line]
     assert_names(said, str(out), named, "afresh")
     if leftover == "metrics.jsonl":  # no record names a run id: the file's time stamp does
         assert re.search(r"metrics move to metrics\.jsonl\.attempt-\d{8}-\d{6},", said), said

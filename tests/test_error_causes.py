@@ -76,8 +76,10 @@ from gpt_ds.base import dist
 from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.checkpointer import Checkpointer, is_disk_error, is_peer_failure
 from gpt_ds.data.tokens import GlobalSplit, TrainWindows
-from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
+from gpt_ds.dsconfig.resolve import resolve_ds_config
+from gpt_ds.dsconfig.settings import RunSettings
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+from gpt_ds.run.machine import probe_machine
 
 
 class Model(torch.nn.Module):
@@ -100,7 +102,9 @@ out = sys.argv[1]
 dist.init()
 model = Model()
 run = RunSettings(world_size=1, decay_iters=4, micro_batch_size=2, precision="fp32")
-resolved = resolve_ds_config(load_ds_config(preset_path("zero1")), run, source="zero1")
+resolved = resolve_ds_config(
+    load_ds_config(preset_path("zero1")), run, source="zero1", facts=probe_machine()
+)
 engine, *_ = deepspeed.initialize(
     model=model, model_parameters=model.parameters(), config=resolved.config
 )

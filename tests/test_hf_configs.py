@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers.machine import here
 from helpers.messages import assert_names
 from support.launch import run_deepspeed, tiny_run_args
 from support.runs import train_losses, train_lrs
@@ -23,8 +24,8 @@ from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.precision import detect_precision
 from gpt_ds.dsconfig.resolve import ADAMW_DEFAULTS, resolve_ds_config
 from gpt_ds.dsconfig.schema import PRESETS, load_ds_config, preset_path
+from gpt_ds.dsconfig.settings import RunSettings
 from gpt_ds.model.gpt2 import resolve_shape
-from gpt_ds.run.config import RunSettings
 
 DATA = Path(__file__).parent / "data"
 HF_CONFIGS = {"zero2": DATA / "hf_ds_config_zero2.json", "zero3": DATA / "hf_ds_config_zero3.json"}
@@ -110,7 +111,9 @@ def hf_fills(raw: dict, hf_args: dict) -> dict:
 def test_autos_filled_as_hf_trainer_fills_them(name, scheduler, run):
     raw = hf_config(name, scheduler)
     ours, theirs = RUNS[run]
-    resolved = resolve_ds_config(raw, RunSettings(world_size=1, precision="fp32", **ours))
+    resolved = resolve_ds_config(
+        raw, RunSettings(world_size=1, precision="fp32", **ours), facts=here()
+    )
     reference = hf_fills(raw, theirs)
 
     paths = auto_paths(raw)
@@ -123,7 +126,9 @@ def test_autos_filled_as_hf_trainer_fills_them(name, scheduler, run):
 
 def test_zero_sizes_follow_the_model_width():
     raw = hf_config("zero3")
-    r = resolve_ds_config(raw, RunSettings(world_size=2, decay_iters=20, hidden_size=96))
+    r = resolve_ds_config(
+        raw, RunSettings(world_size=2, decay_iters=20, hidden_size=96), facts=here()
+    )
     zero = r.config["zero_optimization"]
     assert zero["reduce_bucket_size"] == 96 * 96
     assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 96 * 96)
@@ -134,7 +139,9 @@ def test_zero_sizes_follow_the_model_width():
 
 def test_zero_sizes_without_a_model_take_the_presets():
     """A tool resolving a config with no model: the presets' sizes, and the log says so."""
-    r = resolve_ds_config(hf_config("zero3"), RunSettings(world_size=1, decay_iters=20))
+    r = resolve_ds_config(
+        hf_config("zero3"), RunSettings(world_size=1, decay_iters=20), facts=here()
+    )
     zero, preset = r.config["zero_optimization"], load_ds_config(preset_path("zero3"))
     sizes = ("reduce_bucket_size", "stage3_prefetch_bucket_size")
     for key in (*sizes, "stage3_param_persistence_threshold"):
@@ -149,7 +156,9 @@ def test_adamw_autos_are_the_presets_recipe(name):
 
 
 def test_every_filled_value_is_noted():
-    r = resolve_ds_config(hf_config("zero3"), RunSettings(world_size=1, decay_iters=20, lr=1e-3))
+    r = resolve_ds_config(
+        hf_config("zero3"), RunSettings(world_size=1, decay_iters=20, lr=1e-3), facts=here()
+    )
     log = "\n".join(r.notes)
     assert 'optimizer: AdamW betas [0.9, 0.95], eps 1e-08, weight_decay 0.1 (were "auto"' in log
     assert "lr: WarmupLR, log warmup from 0 to 0.001 (--lr) over 2 warmup steps" in log
@@ -163,7 +172,7 @@ def test_schedule_keys_left_out_are_the_runs_not_deepspeeds_defaults(kind):
     steps while the log says --lr over --warmup_iters: left-out keys are filled as "auto"."""
     raw = hf_config("zero2", {"type": kind, "params": {}})
     run = RunSettings(world_size=1, decay_iters=20, lr=3e-4, warmup_iters=5)
-    params = resolve_ds_config(raw, run).config["scheduler"]["params"]
+    params = resolve_ds_config(raw, run, facts=here()).config["scheduler"]["params"]
     assert params["warmup_num_steps"] == 5
     if kind == "WarmupCosineLR":  # its peak is the optimizer's lr; the floor lr/10
         assert (params["total_num_steps"], params["cos_min_ratio"]) == (20, pytest.approx(0.1))
@@ -177,7 +186,9 @@ def test_schedule_keys_left_out_are_the_runs_not_deepspeeds_defaults(kind):
 
 def test_precision_auto_is_what_this_machine_can_do():
     """fp16.enabled "auto" and no bf16 section: gpt_ds detects, where HF would read --fp16."""
-    r = resolve_ds_config(hf_config("zero2"), RunSettings(world_size=1, decay_iters=20))
+    r = resolve_ds_config(
+        hf_config("zero2"), RunSettings(world_size=1, decay_iters=20), facts=here()
+    )
     detected, _ = detect_precision()
     assert r.precision == detected
     assert r.config["fp16"]["enabled"] is (detected == "fp16")
@@ -189,7 +200,7 @@ def test_filled_configs_parse_in_deepspeed():
 
     for name in HF_CONFIGS:
         run = RunSettings(world_size=1, decay_iters=20, precision="fp32", hidden_size=64)
-        parsed = DeepSpeedConfig(resolve_ds_config(hf_config(name), run).config)
+        parsed = DeepSpeedConfig(resolve_ds_config(hf_config(name), run, facts=here()).config)
         assert parsed.zero_config.reduce_bucket_size == (64 * 64 if name == "zero3" else 2e8)
         assert parsed.scheduler_name == "WarmupLR"
         assert parsed.scheduler_params["warmup_max_lr"] == pytest.approx(6e-4)
@@ -201,7 +212,9 @@ def test_filled_configs_parse_in_deepspeed():
 
 def problems(raw: dict, **run) -> str:
     with pytest.raises(ConfigError) as e:
-        resolve_ds_config(raw, RunSettings(world_size=1, decay_iters=20, **run), source="hf.json")
+        resolve_ds_config(
+            raw, RunSettings(world_size=1, decay_iters=20, **run), source="hf.json", facts=here()
+        )
     return "\n".join(e.value.problems)
 
 
@@ -213,7 +226,7 @@ def test_min_lr_with_constant_warmup_lr_is_an_error():
 def test_warmup_decay_floor_from_min_lr_or_zero():
     raw = hf_config("zero2", HF_WARMUP_DECAY)
     run = RunSettings(world_size=1, decay_iters=20, lr=1e-3, min_lr=1e-4)
-    r = resolve_ds_config(raw, run)
+    r = resolve_ds_config(raw, run, facts=here())
     assert r.config["scheduler"]["params"]["warmup_min_lr"] == 1e-4 and r.min_lr == 1e-4
     assert any("then linear down to 0.0001 (--min_lr) at step 20" in n for n in r.notes)
     raw["scheduler"]["params"]["warmup_min_lr"] = 2e-4

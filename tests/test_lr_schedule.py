@@ -13,13 +13,14 @@ import shutil
 import pytest
 import torch
 from deepspeed.runtime import lr_schedules
+from helpers.machine import here
 from support.launch import TRAIN, run_python, tiny_run_args
 from support.runs import train_losses, train_lrs
 
 from gpt_ds.dsconfig.lr_schedule import with_schedule, wsd_factor
 from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
-from gpt_ds.run.config import RunSettings
+from gpt_ds.dsconfig.settings import RunSettings
 
 LR, MIN_LR, WARMUP, TOTAL = 1e-3, 1e-4, 4, 20
 
@@ -49,7 +50,7 @@ def deepspeed_lrs(schedule: str, steps: int) -> list[float]:
     settings = RunSettings(
         world_size=1, decay_iters=TOTAL, lr=LR, min_lr=min_lr, warmup_iters=WARMUP
     )
-    section = resolve_ds_config(raw, settings, source="test").config["scheduler"]
+    section = resolve_ds_config(raw, settings, source="test", facts=here()).config["scheduler"]
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=LR)
     scheduler = getattr(lr_schedules, section["type"])(optimizer, **section["params"])
     lrs = []

@@ -9,6 +9,7 @@ import pytest
 import torch
 from deepspeed.ops.op_builder.builder import CUDAOpBuilder
 from deepspeed.runtime.engine import DeepSpeedEngine
+from helpers.machine import here
 from helpers.messages import assert_names
 
 from gpt_ds.base.errors import ConfigError
@@ -21,7 +22,7 @@ from gpt_ds.dsconfig.optimizer import (
 )
 from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
-from gpt_ds.run.config import RunSettings
+from gpt_ds.dsconfig.settings import RunSettings
 
 CUDA_NO_NVCC = AdamFacts(accelerator="cuda")
 ADAMW = {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
@@ -155,6 +156,7 @@ def test_this_machine_and_the_resolved_presets_say_which_adam_runs():
     resolved = resolve_ds_config(
         load_ds_config(preset_path("ds_configs/zero2.json")),
         RunSettings(world_size=1, decay_iters=4, micro_batch_size=2, precision="fp32"),
+        facts=here(),
     )
     assert resolved.config["optimizer"]["params"]["torch_adam"] is True
     assert any(n.startswith("optimizer: torch AdamW (CPU ranks") for n in resolved.notes)
@@ -162,6 +164,8 @@ def test_this_machine_and_the_resolved_presets_say_which_adam_runs():
     raw["optimizer"]["params"]["bias_correction"] = True
     with pytest.raises(ConfigError) as e:
         resolve_ds_config(
-            raw, RunSettings(world_size=1, decay_iters=4, micro_batch_size=2, precision="fp32")
+            raw,
+            RunSettings(world_size=1, decay_iters=4, micro_batch_size=2, precision="fp32"),
+            facts=here(),
         )
     assert_names(str(e.value), "optimizer.params.bias_correction", "remove bias_correction")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from deepspeed.accelerator import get_accelerator
+from helpers.machine import here
 from helpers.messages import assert_names, names
 from support.launch import run_deepspeed, tiny_run_args
 
@@ -20,8 +21,9 @@ from gpt_ds.dsconfig.precision import (
     gpu_precision,
     precision_refusal,
 )
-from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
+from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+from gpt_ds.dsconfig.settings import RunSettings
 
 BF16_CPU = "processor: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile\n"
 OLD_CPU = "flags : fpu sse avx2 avx512f\n"
@@ -112,7 +114,7 @@ def test_the_resolver_refuses_fp16_where_deepspeed_would():
     ]
     for raw, forced, where in cases:
         with pytest.raises(ConfigError) as err:
-            resolve_ds_config(raw, settings(forced), source="x.json")
+            resolve_ds_config(raw, settings(forced), source="x.json", facts=here())
         (problem,) = err.value.problems
         assert_names(problem, *where)
         assert precision_refusal("fp16") in problem  # with this machine's reason and fixes

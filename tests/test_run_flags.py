@@ -92,5 +92,5 @@ def test_help_shows_each_default_once_and_hides_local_rank():
 def test_refused_combinations_name_both_flags(argv, subject, facts, shakespeare_dir):
     cfg = parse_args([*argv, "--data_dir", str(shakespeare_dir)])
     with pytest.raises(ConfigError) as e:
-        validate(cfg)
+        validate(cfg, world_size=1)
     assert_names(problem(e, subject), *facts)

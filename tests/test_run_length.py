@@ -15,6 +15,7 @@ from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, run_length
 from gpt_ds.observe.metrics import read_metrics
 from gpt_ds.run.config import length_problems, parse_args
+from gpt_ds.run.machine import probe_machine
 
 
 def cfg(*flags: str):
@@ -57,20 +58,37 @@ def test_conflicting_or_bad_budgets_are_named():
     assert_names(str(e.value), "--lr_decay_iters 10", "2", "--max_tokens")
 
 
-def test_a_budget_run_resolves_its_deepspeed_config_once(shakespeare_dir, tmp_path, monkeypatch):
-    """The schedule of a --max_tokens run spans the steps its resolved batch gives the budget,
-    from one resolution (no stand-in length resolved first), planned in this process."""
+def test_a_launch_resolves_each_thing_once(shakespeare_dir, tmp_path, monkeypatch):
+    """A --max_tokens run planned in this process, as a launch plans it: one model-shape
+    resolution, one check of the run's settings, one DeepSpeed config resolution, one length
+    resolution (no stand-in length first); its schedule spans the steps its resolved batch
+    gives the budget."""
     from gpt_ds.dsconfig import resolve
-    from gpt_ds.run import plan
+    from gpt_ds.dsconfig import run_length as lengths
+    from gpt_ds.run import config, plan
 
-    calls = []
-    real = resolve.resolve_ds_config
-    monkeypatch.setattr(plan, "resolve_ds_config", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls: dict[str, int] = {}
+
+    def counted(module, name: str) -> None:
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    counted(config, "resolve_shape")
+    counted(resolve.RunSettings, "problems")
+    counted(plan, "resolve_ds_config")
+    counted(resolve, "run_length")
+    counted(lengths, "run_length")
+    facts = probe_machine()  # once, before: train.py's main() probes, plan_run reads
     flags = ["--data_dir", str(shakespeare_dir), "--out_dir", str(tmp_path / "run"),
              "--block_size", "64", "--micro_batch_size", "4", "--grad_accum", "2",
              "--max_tokens", "5000", "--precision", "fp32"]  # fmt: skip
-    planned = plan.plan_run(cfg(*flags))
-    assert len(calls) == 1
+    planned = plan.plan_run(cfg(*flags), facts)
+    assert calls == {"resolve_shape": 1, "problems": 1, "resolve_ds_config": 1, "run_length": 1}
     assert planned.length.max_iters == math.ceil(5000 / (4 * 2 * 64)) == 10
     assert planned.ds.config["scheduler"]["params"]["total_num_steps"] == 10
 
@@ -93,7 +111,7 @@ def test_a_warmup_past_the_schedule_names_the_flag_of_its_span(
              "--block_size", "64", "--micro_batch_size", "4", "--precision", "fp32",
              "--warmup_iters", "200", *length]  # fmt: skip
     with pytest.raises(ConfigError) as e:
-        plan_run(cfg(*flags))
+        plan_run(cfg(*flags), probe_machine())
     (warmup,) = [p for p in e.value.problems if "--warmup_iters" in p]
     assert_names(warmup, "200", "100", named)
 

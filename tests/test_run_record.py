@@ -26,6 +26,7 @@ from gpt_ds.checkpoint.integrity import UnverifiedCheckpoint, unverified_reason
 from gpt_ds.checkpoint.manifest import FORMAT_VERSION, MANIFEST, Manifest
 from gpt_ds.checkpoint.tags import CheckpointRef
 from gpt_ds.run.config import parse_args
+from gpt_ds.run.machine import probe_machine
 from gpt_ds.run.plan import check_zero_stage, plan_run
 
 # the manifest's fields in the order gpt_ds came to write them: an earlier layout is today's
@@ -148,7 +149,7 @@ def test_every_kind_of_run_replays_through_its_manifest(replay_cases, tmp_path):
         out = tmp_path / name
         cfg = parse_args([*flags, "--out_dir", str(out)])
         asked = dataclasses.replace(cfg, resume=None)  # planned as the run's first launch
-        plan = plan_run(asked)
+        plan = plan_run(asked, probe_machine())
         assert plan.cfg == asked, name
         path = tmp_path / f"{name}.json"
         record = {"tag": "final", "iteration": 1, "world_size": 1, "zero_stage": 2,
@@ -157,7 +158,7 @@ def test_every_kind_of_run_replays_through_its_manifest(replay_cases, tmp_path):
         path.write_text(json.dumps(record))
         replayed = parse_args(["--config", str(path), "--out_dir", str(tmp_path / f"{name}2")])
         assert dataclasses.replace(replayed, out_dir=str(out), config=None) == asked, name
-        assert plan_run(replayed).length == plan.length, name
+        assert plan_run(replayed, probe_machine()).length == plan.length, name
         assert plan.record()["max_iters"] == plan.length.max_iters
 
 
@@ -212,7 +213,7 @@ def test_a_checkpoint_without_checksums_is_refused_unless_allowed(
     assert_names(refused.stdout + refused.stderr, f"{run}/final", "--allow_unverified")
     with pytest.raises(UnverifiedCheckpoint) as unverified:
         plan_run(parse_args(["--init_from", f"{run}:final", "--data_dir", str(shakespeare_dir),
-                             "--out_dir", str(tmp_path / "new")]))  # fmt: skip
+                             "--out_dir", str(tmp_path / "new")]), probe_machine())  # fmt: skip
     assert_names(str(unverified.value), f"{run}/final", "--allow_unverified")
     export = [str(REPO / "tools" / "zero_to_fp32.py"), str(run), "--output", str(tmp_path / "hf")]
     proc = run_python(export, check=False)
@@ -255,10 +256,10 @@ def test_a_checkpoint_of_the_per_rank_streams_starts_a_new_run_not_a_resume(
     rewrite_manifest(run / "iter_20", lambda m: layout(m, before_global))
     resumed = run_args(shakespeare_dir, run, resume="iter_20")
     with pytest.raises(CheckpointError) as err:
-        plan_run(parse_args(resumed))
+        plan_run(parse_args(resumed), probe_machine())
     assert f"{run}/iter_20" in str(err.value) and f"--init_from {run}:iter_20" in str(err.value)
     fresh = run_args(shakespeare_dir, tmp_path / "new", init_from=f"{run}:iter_20", model=None)
-    planned = plan_run(parse_args(fresh))
+    planned = plan_run(parse_args(fresh), probe_machine())
     assert planned.resume is None and planned.init.checkpoint.tag == "iter_20"
 
 
@@ -302,7 +303,9 @@ def test_the_plan_refuses_a_resume_under_another_zero_stage(
         shakespeare_dir, run, deepspeed_config="zero1", max_iters=30, resume="iter_20"
     )
     with pytest.raises(CheckpointError) as err:
-        plan_run(parse_args(args))
+        plan_run(parse_args(args), probe_machine())
     assert_names(str(err.value), f"{run}/iter_20", "ZeRO stage 2", "stage 1", "--init_from")
-    plan = plan_run(parse_args([*args, "--deepspeed_config", "ds_configs/zero2.json"]))
+    plan = plan_run(
+        parse_args([*args, "--deepspeed_config", "ds_configs/zero2.json"]), probe_machine()
+    )
     assert plan.resume is not None and plan.resume.tag == "iter_20"

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from gpt_ds.base.cli import flag_reference
-from gpt_ds.dsconfig.resolve import FLAG_DEFAULTS
+from gpt_ds.dsconfig.settings import FLAG_DEFAULTS
 from gpt_ds.run.config import RunConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "training.md"

@@ -73,10 +73,11 @@ def planned(argv: list[str], ranks: int):
     import tempfile
 
     from gpt_ds.run.config import parse_args
+    from gpt_ds.run.machine import probe_machine
     from gpt_ds.run.plan import plan_run
 
     with tempfile.TemporaryDirectory() as scratch, _launcher_env(ranks):
-        return plan_run(dataclasses.replace(parse_args(argv), out_dir=scratch))
+        return plan_run(dataclasses.replace(parse_args(argv), out_dir=scratch), probe_machine())
 
 
 @contextlib.contextmanager

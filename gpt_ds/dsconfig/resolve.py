@@ -1,15 +1,18 @@
 """DeepSpeed configs: load a preset, check it against the schema, fill "auto" from the run.
 
     raw = load_ds_config("ds_configs/zero2.json")            # every schema problem at once
-    resolved = resolve_ds_config(raw, RunSettings(world_size=2, decay_iters=2000), source=path)
+    run = RunSettings(world_size=2, decay_iters=2000)          # run.problems(): checked first
+    resolved = resolve_ds_config(raw, run, facts=probe_machine(), source=path)
     deepspeed.initialize(model=..., config=resolved.config)  # no "auto" left
 
 Every "auto" a config written for the Hugging Face Trainer may hold is filled as the Trainer's
 integration fills it (ds_configs/README.md, "Configs written for the HF Trainer"); the optimizer
 and LR-schedule sections are filled from the run's lr, warmup and length
-(`fill_optimizer_and_schedule`, at the end of this file). Everything here is pure Python (no
-process group, no model), so a bad config or batch arithmetic fails in a second, before
-DeepSpeed starts.
+(`fill_optimizer_and_schedule`, at the end of this file). A run whose length is a budget in
+tokens or epochs gets its steps here, once the batch is resolved (`RunSettings.length`).
+Everything here is a pure function of the config, the run's settings and the machine's facts
+(dsconfig/settings.py: probed once, before): no process group, no model, no probing, so a bad
+config or batch arithmetic fails in a second, before DeepSpeed starts.
 DeepSpeed's own validation is partial: it ignores a misspelled top-level section and coerces "2"
 to 2; the schema rejects both.
 """
@@ -18,118 +21,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, TypeGuard
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
-from gpt_ds.dsconfig.precision import PRECISIONS, detect_precision, precision_refusal
+from gpt_ds.dsconfig.optimizer import choose_adam
+from gpt_ds.dsconfig.run_length import RunLength, run_length
 from gpt_ds.dsconfig.schema import validate_ds_config
-
-# `RunSettings`: what the run decides for the DeepSpeed config (command-line values and the
-# launcher's world size), and the one check of those values. The run config (run/config.py)
-# builds it; resolving a DeepSpeed config reads it.
-
-# The command-line flag behind each RunSettings field, for messages ("... but --lr 3e-4 was given";
-# the schedule's span names its own, `RunSettings.decay_from`).
-CLI_FLAGS = {
-    "micro_batch_size": "--micro_batch_size",
-    "grad_accum": "--grad_accum",
-    "lr": "--lr",
-    "min_lr": "--min_lr",
-    "warmup_iters": "--warmup_iters",
-    "grad_clip": "--grad_clip",
-    "precision": "--precision",
-    "world_size": "world size",
-}
-
-
-@dataclass(kw_only=True)
-class RunSettings:
-    """What the run decides for the DeepSpeed config: command-line values and the launcher's world
-    size. None means "not given": the config's concrete value, or a default, is used."""
-
-    world_size: int
-    """Data-parallel ranks (WORLD_SIZE from the launcher)."""
-    micro_batch_size: int | None = None
-    """Sequences per rank per forward/backward (train_micro_batch_size_per_gpu)."""
-    grad_accum: int | None = None
-    """Micro batches per optimizer step (gradient_accumulation_steps)."""
-    lr: float | None = None
-    """Peak learning rate (optimizer.params.lr)."""
-    min_lr: float | None = None
-    """Learning rate at the end of the cosine (scheduler cos_min_ratio = min_lr / lr)."""
-    warmup_iters: int | None = None
-    """Linear warmup steps (scheduler warmup_num_steps)."""
-    decay_iters: int | None = None
-    """Optimizer steps the schedule spans (scheduler total_num_steps): --lr_decay_iters, else
-    the run's length. None: `resolve_ds_config`'s `decay_steps` gives them once the batch is
-    known (a budget in tokens or epochs)."""
-    grad_clip: float | None = None
-    """Global gradient-norm clip (gradient_clipping); 0 disables it."""
-    precision: str | None = None
-    """None or "auto": detect from the hardware; "bf16", "fp16" or "fp32": forced."""
-    hidden_size: int | None = None
-    """The model's width (n_embd): ZeRO bucket sizes set to "auto" derive from it."""
-    decay_from: str = "--lr_decay_iters"
-    """The flag the schedule's span comes from, for messages: --lr_decay_iters, or the one that
-    gives the run's length (--max_iters, --max_tokens, --max_epochs)."""
-
-    def flag(self, name: str) -> str:
-        """The command-line flag behind field `name`, for messages."""
-        return self.decay_from if name == "decay_iters" else CLI_FLAGS[name]
-
-    def given(self, name: str) -> str:
-        """Field `name`'s value as the user gave it: "--lr 0.001", or for a schedule spanning
-        a budget in tokens or epochs, its steps and that flag ("10 steps (from --max_tokens)")."""
-        value = getattr(self, name)
-        if name == "decay_iters" and self.decay_from not in ("--lr_decay_iters", "--max_iters"):
-            return f"{value} steps (from {self.decay_from})"
-        return f"{self.flag(name)} {value}"
-
-    def problems(self) -> list[str]:
-        """Every out-of-range value, named by its command-line flag: the one check of the run's
-        values that the DeepSpeed config depends on (config.validate uses it too)."""
-        problems: list[str] = []
-
-        def check(name: str, ok, what: str, optional: bool = True) -> None:
-            value = getattr(self, name)
-            if (value is None and optional) or (value is not None and ok(value)):
-                return
-            problems.append(f"{self.flag(name)} must be {what}, got {value!r}")
-
-        def positive_int(v) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-        check("world_size", positive_int, "a positive integer", optional=False)
-        check("decay_iters", positive_int, "a positive integer")
-        check("micro_batch_size", positive_int, "a positive integer")
-        check("grad_accum", positive_int, "a positive integer")
-        check("warmup_iters", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
-        check("lr", lambda v: v > 0, "> 0")
-        check("min_lr", lambda v: v >= 0, ">= 0")
-        check("grad_clip", lambda v: v >= 0, ">= 0 (0 disables clipping)")
-        check("precision", lambda v: v in (*PRECISIONS, "auto"), "one of auto, bf16, fp16, fp32")
-        return problems
-
-
-DEFAULT_MICRO_BATCH = 4
-DEFAULT_GRAD_ACCUM = 1
-DEFAULT_GRAD_CLIP = 1.0
-# What those flags default to, for the default column of docs/training.md's flag reference
-# (tools/flag_reference.py): on the command line they are None, "not given", so that a concrete
-# value in the DeepSpeed config wins (`ResolvedDsConfig.pick`).
-_UNLESS_CONFIG = "unless the DeepSpeed config sets it"
-_UNLESS_BATCH = f"{_UNLESS_CONFIG} or its train_batch_size implies another"
-FLAG_DEFAULTS = {
-    "micro_batch_size": f"`{DEFAULT_MICRO_BATCH}` ({_UNLESS_BATCH})",
-    "grad_accum": f"`{DEFAULT_GRAD_ACCUM}` ({_UNLESS_BATCH})",
-    "grad_clip": f"`{DEFAULT_GRAD_CLIP}` ({_UNLESS_CONFIG})",
-}
+from gpt_ds.dsconfig.settings import (
+    DEFAULT_GRAD_ACCUM,
+    DEFAULT_GRAD_CLIP,
+    DEFAULT_MICRO_BATCH,
+    MachineFacts,
+    RunSettings,
+)
 
 # ZeRO sizes "auto" may take, derived from the model's width h as the HF Trainer derives them
 # (transformers' HfTrainerDeepSpeedConfig.trainer_config_finalize): (rule, formula, fallback).
@@ -146,9 +52,9 @@ _DEEPSPEED_AUTOS = ("data_types.keep_in_fp32_modules",)
 
 # Monitor sections whose package DeepSpeed imports only inside deepspeed.initialize.
 _MONITOR_PACKAGES = {
-    "tensorboard": ("tensorboard", "tensorboard", None),
-    "wandb": ("wandb", "wandb", None),
-    "comet": ("comet_ml", "comet_ml", (3, 41, 0)),
+    "tensorboard": ("tensorboard", None),
+    "wandb": ("wandb", None),
+    "comet": ("comet_ml", (3, 41, 0)),
 }
 
 
@@ -170,6 +76,8 @@ class ResolvedDsConfig:
     """The learning rate at the end of the schedule (the scheduler's own, e.g. its ratio)."""
     warmup_iters: int
     grad_clip: float
+    length: RunLength | None = None
+    """The run's steps, when `RunSettings.length` was given."""
     notes: list[str] = field(default_factory=list)
     """Human-readable lines: each decision and where it came from."""
 
@@ -185,26 +93,26 @@ class ResolvedDsConfig:
 def resolve_ds_config(
     raw: dict,
     run: RunSettings,
+    *,
+    facts: MachineFacts,
     source: str = "the DeepSpeed config",
-    decay_steps: Callable[[int], int] | None = None,
 ) -> ResolvedDsConfig:
-    """Fill every "auto" of a schema-valid config from `run` (or a default), check the batch
-    arithmetic, pick the precision and check that enabled monitors can be imported. A value set
-    both in the config and on the command line must agree. Raises one ConfigError with every
-    problem; `raw` is not modified. `decay_steps(sequences per step)`, for a run whose length
-    follows from its batch, gives the steps the schedule spans once the batch is resolved: one
-    resolution, whatever the length is given in."""
+    """Fill every "auto" of a config from `run` (or a default) and the machine's `facts`, check
+    the schema and the batch arithmetic, pick the precision and the Adam implementation, check
+    that enabled monitors are installed, and (given `run.length`) turn the run's length into
+    steps. A value set both in the config and on the command line must agree. Raises one
+    ConfigError with every problem; `raw` is not modified. `run` is already checked
+    (`RunSettings.problems()`, with the run config's other flags: run/config.py)."""
     problems = validate_ds_config(raw)
     if problems:
         raise ConfigError(problems, source)
-    problems = run.problems()
-    if problems:
-        raise ConfigError(problems, source)
 
-    r = _Resolver(copy.deepcopy(raw), run, source)
+    r = _Resolver(copy.deepcopy(raw), run, source, facts)
     micro, accum, total = r.batch()
-    if decay_steps is not None:
-        r.run = dataclasses.replace(run, decay_iters=decay_steps(total))
+    length = None
+    if run.length is not None:  # the run's steps, and the span of its schedule
+        length = run_length(run.length, total * run.block_size, run.train_tokens)
+        r.run = dataclasses.replace(run, decay_iters=length.decay_iters)
     precision = r.precision()
     lr, min_lr, warmup = fill_optimizer_and_schedule(r)
     grad_clip = r.grad_clip()
@@ -219,6 +127,7 @@ def resolve_ds_config(
         raise ConfigError(r.problems, source)
     return ResolvedDsConfig(
         config=r.ds_config,
+        length=length,
         precision=precision,
         micro_batch_size=micro,
         grad_accum=accum,
@@ -240,8 +149,8 @@ def _same(a: Any, b: Any) -> bool:
 class _Resolver:
     """One resolution: the config being filled, with the problems and notes collected so far."""
 
-    def __init__(self, ds_config: dict, run: RunSettings, source: str):
-        self.ds_config, self.run, self.source = ds_config, run, source
+    def __init__(self, ds_config: dict, run: RunSettings, source: str, facts: MachineFacts):
+        self.ds_config, self.run, self.source, self.facts = ds_config, run, source, facts
         self.problems: list[str] = []
         self.notes: list[str] = []
 
@@ -364,13 +273,13 @@ class _Resolver:
                 )
             precision, reason = forced, f"--precision {forced}"
         else:
-            precision, reason = detect_precision()
+            precision, reason = self.facts.precision
             if precision in disabled:
                 reason = f"{reason}, but {precision}.enabled is false in {self.source}"
                 precision = "fp32"
 
-        if refusal := precision_refusal(precision):  # before any rank builds a model
-            self.problems.append(f"{reason}: {refusal}")
+        if precision == "fp16" and self.facts.fp16_refusal:  # before any rank builds a model
+            self.problems.append(f"{reason}: {self.facts.fp16_refusal}")
         ds_config.setdefault("bf16", {})["enabled"] = precision == "bf16"
         ds_config.setdefault("fp16", {})["enabled"] = precision == "fp16"
         self.notes.append(f"precision: {precision} ({reason})")
@@ -449,10 +358,11 @@ class _Resolver:
             )
 
     def monitors(self) -> None:
-        for section, (module, package, min_version) in _MONITOR_PACKAGES.items():
+        for section, (package, min_version) in _MONITOR_PACKAGES.items():
             if not self.ds_config.get(section, {}).get("enabled"):
                 continue
-            if importlib.util.find_spec(module) is None:
+            version = self.facts.monitors.get(package)
+            if version is None:
                 flag = {"tensorboard": "--tensorboard_dir", "wandb": "--wandb_project"}.get(section)
                 how = "pip install 'gpt_ds[monitor]'" if flag else f"pip install {package}"
                 drop = f"drop {flag} or set" if flag else "set"
@@ -460,7 +370,7 @@ class _Resolver:
                     f"{section}.enabled is true but the '{package}' package is not installed: "
                     f"{how}, or {drop} {section}.enabled to false"
                 )
-            elif min_version and _version_tuple(metadata.version(package)) < min_version:
+            elif min_version and _version_tuple(version) < min_version:
                 need = ".".join(map(str, min_version))
                 self.problems.append(
                     f"{section}.enabled is true but DeepSpeed needs {package}>={need}: "
@@ -537,7 +447,7 @@ def fill_optimizer_and_schedule(r: _Resolver) -> tuple[float, float, int]:
     params = scheduler.setdefault("params", {}) if scheduler is not None else {}
 
     steps = r.run.decay_iters
-    assert steps is not None, "RunSettings.decay_iters or resolve's decay_steps gives the span"
+    assert steps is not None, "RunSettings.decay_iters or .length gives the schedule's span"
     lr, lr_from = _peak_lr(r, opt_params, kind, params)
     min_lr, min_lr_from, start_lr = _min_lr(r, kind, params, lr)
     default_warmup = max(1, min(DEFAULT_MAX_WARMUP, steps // 10))
@@ -677,7 +587,7 @@ def _choose_adam(r: _Resolver, optimizer: dict) -> None:
     if optimizer.get("type", "").lower() not in ("adam", "adamw"):
         return
     offload = r.ds_config.get("zero_optimization", {}).get("offload_optimizer") or {}
-    facts = adam_facts(offload=offload.get("device", "none") != "none")
+    facts = dataclasses.replace(r.facts.adam, offload=offload.get("device", "none") != "none")
     choice = choose_adam(facts, optimizer["params"])
     optimizer["params"].update(choice.params)
     r.notes.append(choice.note)

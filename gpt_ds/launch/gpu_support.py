@@ -4,7 +4,7 @@ A GPU torch cannot use does not fail loudly: with a driver too old for the wheel
 `torch.cuda.is_available()` is False, DeepSpeed falls back to its CPU accelerator and the launch
 "works" on CPU ranks; a GPU the wheel has no kernels for (PyPI's torch 2.13 is `+cu130`: no
 sm_70, so no V100) fails at its first kernel. Preflight (`tools/preflight.py`, every node) and
-the trainer's start-up (`plan_run`, every rank, before any model) refuse both, with the fix.
+the trainer's start-up (`probe_machine`, every rank, before any model) refuse both, with the fix.
 
 `gather_facts` is the only part that touches torch, DeepSpeed and the system, and it is kept
 tiny: it returns a plain dict (it is also shipped as source to every node by preflight, so it

@@ -30,7 +30,6 @@ from typing import Any
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
-from gpt_ds.model.chunked_loss import chunk_rows
 from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, shape_problems
 
 # What of a run costs memory besides the model: the zero_optimization sizes (`ZeroSettings`,
@@ -595,6 +594,8 @@ def chunked_loss_bytes(shape: ModelShape, micro_batch_size: int, precision: str)
     gradient). The chunk is a GPU's (on CPU it is smaller: an over-estimate there, which also
     covers a CPU's block of gathered 16-bit logit gradients, 64 MiB against 256 MiB).
     """
+    from gpt_ds.model.chunked_loss import chunk_rows  # its kernels load with the model
+
     tokens, vocab, width = micro_batch_size * shape.block_size, shape.vocab_size, shape.n_embd
     w = PRECISION_BYTES[precision]
     kept = tokens * width * w + vocab * width * w

@@ -8,17 +8,16 @@ the command (gpt_ds/commands/pick_preset.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.dsconfig.resolve import RunSettings, resolve_ds_config
+from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.schema import PRESET_DIR, PRESETS, load_ds_config
+from gpt_ds.dsconfig.settings import MachineFacts, RunSettings
 from gpt_ds.memory.estimate import (
     ACT_BYTES_PER_SBH_16BIT,
     CPU_BYTES_PER_RANK,
@@ -193,9 +192,8 @@ def preset_run(
     preset: str | None, shape: ModelShape, hw: Hardware, precision: str, config_dir: Path
 ) -> DeepSpeedRun:
     """The run a preset describes on `hw` at micro-batch 1, resolved as the trainer resolves
-    it (run/plan.py); None: the stage-0 baseline, DeepSpeed's defaults. Resolved in fp32,
-    which no machine refuses (the picker plans for another cluster than the one it runs on),
-    then set to `precision`."""
+    it (run/plan.py), with the facts of the cluster planned for (not of the machine the picker
+    runs on); None: the stage-0 baseline, DeepSpeed's defaults."""
     if preset is None:
         return DeepSpeedRun(
             zero_stage=0,
@@ -212,21 +210,19 @@ def preset_run(
         world_size=hw.world_size,
         micro_batch_size=1,
         decay_iters=1,
-        precision="fp32",
+        precision=precision,
         hidden_size=shape.n_embd,
     )
     path = config_dir / preset
-    # resolving asks DeepSpeed which Adam this machine runs; its log goes to stdout (--json)
-    with contextlib.redirect_stdout(sys.stderr):
-        resolved = resolve_ds_config(load_ds_config(path), settings, source=str(path))
-    run = DeepSpeedRun.from_resolved(
+    cluster = MachineFacts.gpu_cluster(hw.world_size, hw.gpus_per_node, precision)
+    resolved = resolve_ds_config(load_ds_config(path), settings, facts=cluster, source=str(path))
+    return DeepSpeedRun.from_resolved(
         resolved,
         world_size=hw.world_size,
         gpus_per_node=hw.gpus_per_node,
         activation_checkpointing=False,
         loss=LOSS,
     )
-    return dataclasses.replace(run, precision=precision)
 
 
 def candidate_name(run: DeepSpeedRun) -> str:

@@ -14,24 +14,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpt_ds.base import cli, dist, logs
+from gpt_ds.base import cli, logs
 from gpt_ds.base.cli import tool
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.base.flag_file import load_flag_file
 from gpt_ds.checkpoint.integrity import ALLOW_HELP
 from gpt_ds.checkpoint.manifest import replayed_flags
 from gpt_ds.data.mixture import DEFAULT_DATA_DIR, data_specs
 from gpt_ds.data.tokens import rebuild_command
 from gpt_ds.dsconfig.lr_schedule import SCHEDULES
-from gpt_ds.dsconfig.resolve import (
+from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, decay_flag
+from gpt_ds.dsconfig.schema import PRESETS, preset_path
+from gpt_ds.dsconfig.settings import (
     DEFAULT_GRAD_ACCUM,
     DEFAULT_GRAD_CLIP,
     DEFAULT_MICRO_BATCH,
     RunSettings,
 )
-from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, decay_flag
-from gpt_ds.dsconfig.schema import PRESETS, preset_path
-from gpt_ds.model.gpt2 import LOSS_KINDS, MODEL_PRESETS, resolve_shape, shape_problems
+from gpt_ds.model.gpt2 import (
+    LOSS_KINDS,
+    MODEL_PRESETS,
+    ModelShape,
+    resolve_shape,
+    shape_problems,
+)
 from gpt_ds.observe.metrics import RELEASE_CHOICES
 
 option = cli.option
@@ -320,21 +325,29 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
     defaults = None
-    if known.config:
+    if known.config:  # only such runs read a flag file
+        from gpt_ds.base.flag_file import load_flag_file
+
         defaults = load_flag_file(config_file(known.config), RunConfig, replayed=replayed_flags)
     return cli.parse(RunConfig, argv, defaults=defaults)
 
 
 def run_settings(
     cfg: RunConfig,
-    world_size: int | None = None,
+    world_size: int,
     hidden_size: int | None = None,
+    block_size: int = 0,
+    train_tokens: int = 0,
 ) -> RunSettings:
-    """What the run decides for the DeepSpeed config (world size: the launcher's). The
-    schedule's length is not here: it follows from the resolved batch (plan.deepspeed_config)."""
+    """What the run decides for the DeepSpeed config, with the run's length flags: resolving
+    the config turns them into steps once the batch is known (`block_size`-token sequences
+    over `train_tokens`)."""
     return RunSettings(
         hidden_size=hidden_size,
-        world_size=world_size or dist.world_size(),
+        world_size=world_size,
+        length=cfg,
+        block_size=block_size,
+        train_tokens=train_tokens,
         micro_batch_size=cfg.micro_batch_size,
         grad_accum=cfg.grad_accum,
         lr=cfg.lr,
@@ -346,14 +359,19 @@ def run_settings(
     )
 
 
-def validate(cfg: RunConfig) -> None:
-    """Raise one ConfigError listing every problem with the run config (files checked too)."""
-    problems = _range_problems(cfg) + length_problems(cfg) + _file_problems(cfg)
+def validate(cfg: RunConfig, world_size: int) -> ModelShape | None:
+    """Raise one ConfigError listing every problem with the run config (files checked too),
+    for a launch of `world_size` ranks. Returns the shape of the model preset with the shape
+    flags (the model a run from scratch trains), resolved here once; None with --init_from."""
+    problems = _range_problems(cfg, world_size) + length_problems(cfg) + _file_problems(cfg)
+    shape = None
     if cfg.model_preset not in MODEL_PRESETS:
         problems.append(
             f"--model {cfg.model!r} is not a preset; choose one of {', '.join(MODEL_PRESETS)}"
         )
-    elif all(getattr(cfg, n) is None or getattr(cfg, n) > 0 for n in _SHAPE_FIELDS):
+    elif cfg.init_from == "scratch" and all(
+        getattr(cfg, n) is None or getattr(cfg, n) > 0 for n in _SHAPE_FIELDS
+    ):
         shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
         problems += shape_problems(shape)
     if cfg.init_from != "scratch":
@@ -387,6 +405,7 @@ def validate(cfg: RunConfig) -> None:
         )
     if problems:
         raise ConfigError(problems, source="command line")
+    return shape
 
 
 def length_problems(cfg: RunConfig) -> list[str]:
@@ -403,11 +422,10 @@ def length_problems(cfg: RunConfig) -> list[str]:
     return problems
 
 
-def _range_problems(cfg: RunConfig) -> list[str]:
-    """Out-of-range numbers: those the DeepSpeed config depends on are RunSettings' to check;
-    the rest here."""
-    # the run's length is checked below; its schedule once planned (plan.py resolves it)
-    problems = run_settings(cfg).problems()
+def _range_problems(cfg: RunConfig, world_size: int) -> list[str]:
+    """Out-of-range numbers: those the DeepSpeed config depends on are RunSettings' to check
+    (here, the one check of them), the rest here."""
+    problems = run_settings(cfg, world_size).problems()
     rules = {  # field: (allow None, allow 0)
         "n_layer": (True, False),
         "n_head": (True, False),

@@ -24,7 +24,6 @@ from gpt_ds.model.gpt2 import (
     ModelShape,
     padded_vocab,
     pretrained_shape,
-    resolve_shape,
     unpadded,
 )
 from gpt_ds.run.config import RunConfig
@@ -105,14 +104,15 @@ def init_shape(init: InitSource, block_size: int | None) -> ModelShape:
     return pretrained_shape(init.value, block_size)
 
 
-def model_source(cfg: RunConfig) -> tuple[InitSource, ModelShape]:
+def model_source(cfg: RunConfig, preset: ModelShape | None) -> tuple[InitSource, ModelShape]:
     """The run's first weights (`--init_from`) and the shape it trains: that of the weights,
-    or (scratch) a preset with the shape flags, its vocabulary padded (`--vocab_multiple`)."""
+    or (scratch) `preset`, the model preset with the shape flags (run/config.py `validate`
+    resolved it), its vocabulary padded (`--vocab_multiple`)."""
     init = resolve_init(cfg.init_from, cfg.out_dir, cfg.allow_unverified)
     if not init.is_scratch:
         return init, init_shape(init, cfg.block_size)
-    shape = resolve_shape(cfg.model_preset, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
-    return init, padded_vocab(shape, cfg.vocab_multiple)
+    assert preset is not None, "validate() resolves the preset of a run from scratch"
+    return init, padded_vocab(preset, cfg.vocab_multiple)
 
 
 def export_for_loading(ref: CheckpointRef, out_dir: str | Path, log=print) -> Path:

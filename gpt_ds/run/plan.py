@@ -1,13 +1,18 @@
 """The run's plan: everything a run needs, resolved and checked before any model exists,
 identically on every rank (`plan_run`: the run config, the model's shape, the DeepSpeed
-config, the data, the checkpoint to resume, GPU support, the memory guard), and the two steps
-that need the process group (`claim_out_dir`, `verify_resume`). gpt_ds/train.py runs them in
-order."""
+config, the data, the checkpoint to resume, GPU support, the memory guard, and every choice
+the trainer would otherwise make as it goes), and the two steps that need the process group
+(`claim_out_dir`, `verify_resume`). gpt_ds/train.py runs them in order.
+
+`plan_run` reads the run's flags, its files (data, checkpoints) and the machine's facts
+(run/machine.py probed them once); it probes and prints nothing: the lines it has for the log
+are the plan's `notes`."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,15 +34,16 @@ from gpt_ds.data.mixture import DataMix, load_mix
 from gpt_ds.dsconfig.lr_schedule import with_schedule
 from gpt_ds.dsconfig.monitors import check_monitors, with_monitor_flags
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
-from gpt_ds.dsconfig.run_length import RunLength, run_length
+from gpt_ds.dsconfig.run_length import RunLength
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
-from gpt_ds.launch.gpu_support import check_gpu_support
+from gpt_ds.dsconfig.settings import MachineFacts
 from gpt_ds.memory.estimate import DeepSpeedRun, MemoryEstimate, estimate_run
-from gpt_ds.memory.guard import check_fits, device_memory_bytes
+from gpt_ds.memory.guard import NodeRam, check_fits
 from gpt_ds.model.gpt2 import (
     ModelShape,
     checkpoint_vocab,
 )
+from gpt_ds.observe.metrics import wants_release
 from gpt_ds.run import lock as run_lock
 from gpt_ds.run.config import RunConfig, run_settings, validate
 from gpt_ds.run.init_source import InitSource, model_source
@@ -60,6 +66,9 @@ class RunPlan:
     resume: CheckpointRef | None  # the checked checkpoint to continue from, if any
     init: InitSource  # the first weights of a run that does not resume (--init_from)
     estimate: MemoryEstimate  # predicted per-rank memory, checked against the machine
+    machine: MachineFacts  # what the machine has, as probed at start
+    choices: RunChoices  # what the trainer does where a flag says "auto" or nothing
+    notes: tuple[str, ...] = ()  # the plan's lines for the log, in order
     run_id: str = ""  # this launch, in every metrics record and checkpoint (run/lock.py)
     hellaswag: Rendered | None = None  # --hellaswag's examples, checked and rendered
 
@@ -67,7 +76,9 @@ class RunPlan:
     def resumes_universal(self) -> bool:
         """The checkpoint it resumes is a universal one, or was saved on another world size
         (the trainer converts it to one): the engine loads it as universal."""
-        return self.resume is not None and needs_universal(self.resume.manifest, dist.world_size())
+        if self.resume is None:
+            return False
+        return needs_universal(self.resume.manifest, self.machine.world_size)
 
     def engine_config(self) -> dict[str, Any]:
         """The config `deepspeed.initialize` gets: the resolved one, set to load a universal
@@ -94,57 +105,93 @@ class RunPlan:
         }
 
 
-def plan_run(cfg: RunConfig, damaged: dict[str, str] | None = None) -> RunPlan:
-    """Validate and resolve everything the run needs; raises a GptDsError naming what is wrong.
-    `damaged` names checkpoint tags found damaged, which `--resume` must not use. The steps
-    run from the run's own decisions down to the checks against checkpoint and machine;
-    `cfg` is read, never rewritten."""
-    validate(cfg)
-    init, shape = model_source(cfg)  # first: --init_from naming this out dir says so
-    resume = resume_checkpoint(cfg, damaged)
+def plan_run(
+    cfg: RunConfig, machine: MachineFacts, damaged: dict[str, str] | None = None
+) -> RunPlan:
+    """Validate and resolve everything the run needs on `machine`; raises a GptDsError naming
+    what is wrong. `damaged` names checkpoint tags found damaged, which `--resume` must not use.
+    The steps run from the run's own decisions down to the checks against checkpoint and
+    machine; `cfg` is read, never rewritten."""
+    preset = validate(cfg, machine.world_size)
+    notes: list[str] = []
+    init, shape = model_source(cfg, preset)  # first: --init_from naming this out dir says so
+    resume = resume_checkpoint(cfg, damaged, notes.append)
     if resume is not None:  # the run keeps the checkpoint's model, vocabulary padding included
         shape = checkpoint_vocab(shape, resume.manifest.model)
         check_model(resume, asdict(shape))
     data = load_mix(cfg.data_dir, shape.tokens, shape.block_size)
-    hellaswag = hellaswag_rows(cfg.hellaswag, shape.block_size) if cfg.hellaswag else None
-    ds = deepspeed_config(cfg, shape, data.train_tokens)
-    length = run_length(cfg, ds.train_batch_size * shape.block_size, data.train_tokens)
+    hellaswag = hellaswag_rows(cfg.hellaswag, shape.block_size, notes) if cfg.hellaswag else None
+    ds = deepspeed_config(cfg, shape, data.train_tokens, machine)
+    assert ds.length is not None  # run_settings gives the run's length flags
     check_monitors(ds.config)
-    check_not_past(resume, length)
-    notes = check_resume(resume, cfg, ds, shape, data.identity())
-    estimate = check_machine(cfg, ds, shape)
-    for line in [*notes, *([length.line] if length.line else [])]:
-        dist.print0(line)
+    check_not_past(resume, ds.length)
+    notes += check_resume(resume, cfg, ds, shape, data.identity(), machine.world_size)
+    estimate = check_machine(cfg, ds, shape, machine)
+    notes += [ds.length.line] if ds.length.line else []
     return RunPlan(
         cfg=cfg,
-        length=length,
+        length=ds.length,
         shape=shape,
         ds=ds,
         data=data,
         resume=resume,
         init=init,
         estimate=estimate,
+        machine=machine,
+        choices=run_choices(cfg, machine, shape),
+        notes=tuple(notes),
         hellaswag=hellaswag,
     )
 
 
-def hellaswag_rows(path: str, block_size: int) -> Rendered:
+@dataclass(frozen=True)
+class RunChoices:
+    """What the run does where its flags leave the choice to gpt_ds, decided in the plan so the
+    trainer, the engine build and the checkpointer only read it."""
+
+    compile: bool  # torch.compile the model (--compile: auto compiles on GPUs)
+    compile_blocker: str | None  # why it cannot, where it should (the run trains eager)
+    release_host_memory: bool  # glibc returns freed blocks (--release_host_memory)
+    save_interval: int  # iterations between saves (--save_interval, default --eval_interval)
+    save_interval_flag: str  # the flag that gave it, for the log
+
+
+def run_choices(cfg: RunConfig, machine: MachineFacts, shape: ModelShape) -> RunChoices:
+    """Every "auto" and unset default of the flags below, from the run and the machine."""
+    compile_ = cfg.compile == "on" or (cfg.compile == "auto" and machine.device_type == "cuda")
+    release = wants_release(cfg.release_host_memory, machine.device_type, shape.num_params())
+    if cfg.save_interval is None:
+        interval, flag = cfg.eval_interval, "--eval_interval"
+    else:
+        interval, flag = cfg.save_interval, "--save_interval"
+    return RunChoices(
+        compile=compile_,
+        compile_blocker=machine.compile_blocker if compile_ else None,
+        release_host_memory=release,
+        save_interval=interval,
+        save_interval_flag=flag,
+    )
+
+
+def hellaswag_rows(path: str, block_size: int, notes: list[str]) -> Rendered:
     """--hellaswag's examples, rendered for the run's block once; refused now if the file is
     malformed or none fits the block."""
     from gpt_ds.data.hellaswag import read_hellaswag, render_all
 
     data = render_all(read_hellaswag(path), block_size, path)
     skipped = f" ({data.skipped} skipped: an ending too long for the block)" if data.skipped else ""
-    dist.print0(
+    notes.append(
         f"hellaswag: {len(data.rows):,} examples of {path} scored at each evaluation{skipped}"
     )
     return data
 
 
-def deepspeed_config(cfg: RunConfig, shape: ModelShape, train_tokens: int) -> ResolvedDsConfig:
+def deepspeed_config(
+    cfg: RunConfig, shape: ModelShape, train_tokens: int, machine: MachineFacts
+) -> ResolvedDsConfig:
     """The run's DeepSpeed config: the preset with the monitor flags and the schedule, every
-    "auto" filled from the run, resolved once: the schedule spans the run's length in steps,
-    which a budget in tokens or epochs gets from the resolved batch (`run_length`)."""
+    "auto" filled from the run and the machine, and the run's length in steps (a budget in
+    tokens or epochs follows from the resolved batch), resolved once."""
     raw = with_monitor_flags(
         load_ds_config(preset_path(cfg.deepspeed_config)),
         cfg.out_dir,
@@ -156,14 +203,12 @@ def deepspeed_config(cfg: RunConfig, shape: ModelShape, train_tokens: int) -> Re
     raw = with_schedule(raw, cfg.lr_schedule)
     settings = run_settings(
         cfg,
-        world_size=dist.world_size(),  # the launcher's, before the process group exists
+        world_size=machine.world_size,  # the launcher's, before the process group exists
         hidden_size=shape.n_embd,
+        block_size=shape.block_size,
+        train_tokens=train_tokens,
     )
-
-    def decay_steps(sequences_per_step: int) -> int:
-        return run_length(cfg, sequences_per_step * shape.block_size, train_tokens).decay_iters
-
-    return resolve_ds_config(raw, settings, cfg.deepspeed_config, decay_steps)
+    return resolve_ds_config(raw, settings, facts=machine, source=cfg.deepspeed_config)
 
 
 def check_resume(
@@ -172,13 +217,14 @@ def check_resume(
     ds: ResolvedDsConfig,
     shape: ModelShape,
     data_identity: dict,
+    world_size: int,
 ) -> list[str]:
     """A resume's ZeRO stage (the checkpoint's), batch (changed only with --allow_batch_change)
     and data (the same files) against the checkpoint; returns the lines saying what changed."""
     if resume is None:
         return []
-    check_zero_stage(resume, ds.zero_stage, dist.world_size(), cfg.deepspeed_config)
-    now = Batch(dist.world_size(), ds.micro_batch_size, ds.grad_accum, shape.block_size)
+    check_zero_stage(resume, ds.zero_stage, world_size, cfg.deepspeed_config)
+    now = Batch(world_size, ds.micro_batch_size, ds.grad_accum, shape.block_size)
     lines = check_batch(resume.manifest, now, cfg.allow_batch_change)
     check_same_data(resume, data_identity)
     return lines
@@ -203,15 +249,16 @@ def check_zero_stage(ref: CheckpointRef, zero_stage: int, world_size: int, prese
     )
 
 
-def check_machine(cfg: RunConfig, ds: ResolvedDsConfig, shape: ModelShape) -> MemoryEstimate:
-    """The out dir writable, GPU support, and (unless ignored) the memory guard; returns the
-    predicted per-rank memory."""
+def check_machine(
+    cfg: RunConfig, ds: ResolvedDsConfig, shape: ModelShape, machine: MachineFacts
+) -> MemoryEstimate:
+    """The out dir writable and (unless ignored) the memory guard; returns the predicted
+    per-rank memory."""
     check_writable(Path(cfg.out_dir))
-    check_gpu_support(dist.local_rank())  # first: with a GPU unseen the guard would judge CPU
     run = DeepSpeedRun.from_resolved(
         ds,
-        world_size=dist.world_size(),
-        gpus_per_node=dist.local_world_size(),
+        world_size=machine.world_size,
+        gpus_per_node=machine.ranks_per_node,
         activation_checkpointing=cfg.activation_checkpointing,
         loss=cfg.loss,
     )
@@ -219,9 +266,10 @@ def check_machine(cfg: RunConfig, ds: ResolvedDsConfig, shape: ModelShape) -> Me
     if not cfg.ignore_memory_estimate:
         check_fits(
             estimate,
-            ranks_per_node=dist.local_world_size(),
-            device_bytes=device_memory_bytes(dist.local_rank()),
-        )  # host: the RAM or the cgroup limit (node_ram)
+            ranks_per_node=machine.ranks_per_node,
+            device_bytes=machine.device_bytes,
+            ram=NodeRam(*machine.host_ram) if machine.host_ram else None,
+        )
     return estimate
 
 
@@ -269,23 +317,25 @@ def resume_instead(plan: RunPlan, ref: CheckpointRef) -> RunPlan:
     check_continuable(ref)
     check_model(ref, asdict(plan.shape))
     check_not_past(ref, plan.length)
-    for line in check_resume(ref, plan.cfg, plan.ds, plan.shape, plan.data.identity()):
+    world = plan.machine.world_size
+    for line in check_resume(ref, plan.cfg, plan.ds, plan.shape, plan.data.identity(), world):
         dist.print0(line)
     return dataclasses.replace(plan, resume=ref)
 
 
 def resume_checkpoint(
-    cfg: RunConfig, damaged: dict[str, str] | None = None
+    cfg: RunConfig, damaged: dict[str, str] | None = None, note: Callable[[str], None] = dist.print0
 ) -> CheckpointRef | None:
     """The complete checkpoint `--resume` names (None when the run starts: no --resume, or
     --resume auto in an out dir without a complete checkpoint); `latest` falls back to the newest
-    complete tag when it names an incomplete one. Its model is plan_run's to check."""
+    complete tag when it names an incomplete one, said to `note`. Its model is plan_run's to
+    check."""
     out_dir = Path(cfg.out_dir)
     if not cfg.resume:
         check_fresh_start(out_dir)  # never replaces an earlier run's output
         return None
     if cfg.resume == AUTO and auto_starts(out_dir):
-        dist.print0(start_over_line(out_dir))  # the trainer sets the metrics aside
+        note(start_over_line(out_dir))  # the trainer sets the metrics aside
         return None
     if not complete_tags(out_dir):
         raise CheckpointError(
@@ -293,9 +343,7 @@ def resume_checkpoint(
             f"start without --resume, or use --resume {AUTO} (continues if there is one)"
         )
     for leftover in partial_dirs(out_dir) if damaged is None else []:  # said once
-        dist.print0(
-            f"checkpoint: ignoring incomplete checkpoint directory {leftover} (no manifest)"
-        )
+        note(f"checkpoint: ignoring incomplete checkpoint directory {leftover} (no manifest)")
     tag = None if cfg.resume in ("latest", AUTO) else cfg.resume
     ref = resolve(
         out_dir,
@@ -303,7 +351,7 @@ def resume_checkpoint(
         flag="--resume",
         fall_back=True,
         damaged=damaged,
-        note=dist.print0,
+        note=note,
         allow_unverified=cfg.allow_unverified,
     )
     check_continuable(ref)

@@ -11,8 +11,6 @@ syncs where the DeepSpeed version is one checked (`make_sync_free`).
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import types
 from pathlib import Path
 from typing import Any
@@ -156,32 +154,9 @@ def make_sync_free(engine: Any, precision: str) -> str:
 #   that compile would only unroll; the graph breaks before it.
 
 
-def compile_blocker(device_type: str) -> str | None:
-    """Why torch.compile's default backend (inductor) cannot run here, or None."""
-    if not hasattr(torch, "compile"):
-        return f"torch {torch.__version__} has no torch.compile"
-    if device_type == "cpu":
-        cxx = os.environ.get("CXX") or "c++"
-        if shutil.which(cxx) is None and shutil.which("g++") is None:
-            return f"inductor needs a C++ compiler on CPU and {cxx!r}/'g++' is not on PATH"
-        return None
-    if device_type == "cuda":
-        from torch.utils._triton import has_triton
-
-        if not has_triton():
-            return "inductor needs Triton on the GPU and it is not installed"
-    return None
-
-
-def wants_compile(mode: str, device_type: str) -> bool:
-    """Whether `--compile` `mode` (auto, on, off) compiles on a `device_type` device."""
-    return mode == "on" or (mode == "auto" and device_type == "cuda")
-
-
-def compile_engine(engine, device_type: str) -> str:
-    """Compile the engine's module; returns the line for the log: compiled, or a WARNING
-    saying why not and that the run trains eager."""
-    blocker = compile_blocker(device_type)
+def compile_engine(engine, blocker: str | None) -> str:
+    """Compile the engine's module unless the machine cannot (`blocker`, the plan's); returns
+    the line for the log: compiled, or a WARNING saying why not and that the run trains eager."""
     if blocker is None:
         try:
             engine.compile()
@@ -226,8 +201,8 @@ def build_engine(plan: RunPlan):
     )
     if line := make_sync_free(engine, ds.precision):
         dist.print0(line)
-    if wants_compile(cfg.compile, dist.device().type):
-        dist.print0(compile_engine(engine, dist.device().type))
+    if plan.choices.compile:
+        dist.print0(compile_engine(engine, plan.choices.compile_blocker))
     return engine
 
 

@@ -47,7 +47,6 @@ from gpt_ds.observe.metrics import (
     resolve_peak,
     rewind,
     set_aside_attempt,
-    wants_release,
 )
 from gpt_ds.observe.watchdog import Watchdog
 from gpt_ds.run.lock import AUTO
@@ -429,7 +428,7 @@ class Trainer:
             from gpt_ds.checkpoint.universal import convert_on_rank0  # another world size only
 
             resume = convert_on_rank0(resume)  # plan.engine_config() loads it universal
-        if wants_release(cfg.release_host_memory, dist.device().type, self.shape.num_params()):
+        if self.plan.choices.release_host_memory:
             dist.print0(release_freed_blocks())  # every rank: before the model exists
         before = peak_memory_gib()  # the process itself: interpreter, imports, data
         self.engine = build_engine(self.plan)
@@ -642,14 +641,12 @@ class Trainer:
         --save_interval (default --eval_interval) iterations, or with
         --save_only_on_improvement the evaluations that improved on the best checkpoint; else
         --save_every_minutes since the last save."""
-        cfg = self.cfg
-        interval = cfg.eval_interval if cfg.save_interval is None else cfg.save_interval
+        cfg, choices = self.cfg, self.plan.choices
         if cfg.save_only_on_improvement:
             if self.evaluated_now and self._improves():
                 return "the val loss improved, --save_only_on_improvement"
-        elif _due(it, interval):
-            flag = "--eval_interval" if cfg.save_interval is None else "--save_interval"
-            return f"every {interval} iterations, {flag}"
+        elif _due(it, choices.save_interval):
+            return f"every {choices.save_interval} iterations, {choices.save_interval_flag}"
         if on_time:
             return f"{cfg.save_every_minutes:g} minutes since the last save, --save_every_minutes"
         return None
