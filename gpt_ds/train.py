@@ -29,7 +29,6 @@ warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", Fu
 from gpt_ds.base import dist, logs
 from gpt_ds.base.dist import adopt_launcher_world
 from gpt_ds.base.errors import GptDsError
-from gpt_ds.observe.watchdog import flight_recorder_env
 from gpt_ds.run.config import parse_args
 from gpt_ds.run.machine import probe_machine
 from gpt_ds.run.plan import claim_out_dir, finished, plan_run, verify_resume
@@ -46,8 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return dist.refuse(exc)
     for line in plan.notes:
         dist.print0(line)
-    if plan.cfg.hang_timeout != 0:  # NCCL's flight recorder dumps next to the hang's stacks
-        os.environ.update(flight_recorder_env(plan.cfg.out_dir, os.environ))
+    os.environ.update(plan.choices.environment)  # before DeepSpeed starts NCCL or W&B
     dist.init()
     lock = None
     try:

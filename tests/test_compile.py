@@ -111,7 +111,7 @@ def test_auto_compiles_on_gpus_only():
     cpu = dataclasses.replace(gpu, device_type="cpu", compile_blocker="no C++ compiler")
 
     def compiles(mode: str, machine: MachineFacts) -> tuple[bool, str | None]:
-        choices = run_choices(parse_args(["--compile", mode]), machine, shape)
+        choices = run_choices(parse_args(["--compile", mode]), machine, shape, {}, {})
         return choices.compile, choices.compile_blocker
 
     assert [compiles("auto", m)[0] for m in (gpu, cpu)] == [True, False]

@@ -97,6 +97,51 @@ class Manifest:
         return self.universal and self.source_digest == source.digest()
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """What every manifest of one launch says of the run that made it, fixed for the launch
+    (run/plan.py `RunPlan.run_record`): world size, ZeRO stage, model, the run config as given
+    and what was computed from it, precision, batch split, run id and data."""
+
+    world_size: int
+    zero_stage: int
+    model: dict[str, int]
+    config: dict[str, Any]
+    plan: dict[str, Any]
+    precision: str
+    micro_batch_size: int
+    grad_accum: int
+    run_id: str
+    data: dict[str, Any]
+
+
+def new_manifest(
+    run: RunRecord,
+    *,
+    tag: str,
+    iteration: int,
+    tokens: int,
+    val_loss: float | None,
+    best_val_loss: float | None,
+    best_tag: str | None,
+    early_stop: dict[str, Any],
+) -> Manifest:
+    """The manifest of a save at `iteration` (its files are the checkpointer's to add): the
+    run's record beside where training stands."""
+    return Manifest(
+        tag=tag,
+        iteration=iteration,
+        files={},
+        tokens=tokens,
+        val_loss=val_loss,
+        best_val_loss=best_val_loss,
+        best_tag=best_tag,
+        early_stop=early_stop,
+        data_stream=STREAM,
+        **{f.name: getattr(run, f.name) for f in dataclasses.fields(run)},
+    )
+
+
 NOT_REPLAYED = ("resume",)  # a replay repeats the run from its start, in its own out dir
 
 

@@ -95,9 +95,11 @@ def _wandb_key() -> bool:
         return False
 
 
-def prepare_wandb(ds_config: dict, out_dir: str, run_name: str) -> None:
-    """W&B's run name and local directory, read from the environment when DeepSpeed calls
-    wandb.init (its config has neither): the run's name, files under OUT_DIR/wandb."""
-    if enabled(ds_config, "wandb"):
-        os.environ.setdefault("WANDB_NAME", run_name)
-        os.environ.setdefault("WANDB_DIR", str(Path(out_dir)))
+def wandb_env(ds_config: dict, out_dir: str, run_name: str, environ) -> dict[str, str]:
+    """W&B's run name and local directory, which it reads from the environment when DeepSpeed
+    calls wandb.init (its config has neither): the run's name, files under OUT_DIR/wandb; a
+    user's own settings in `environ` kept. Empty without W&B."""
+    if not enabled(ds_config, "wandb"):
+        return {}
+    wanted = {"WANDB_NAME": run_name, "WANDB_DIR": str(Path(out_dir))}
+    return {k: v for k, v in wanted.items() if k not in environ}

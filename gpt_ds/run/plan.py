@@ -11,6 +11,7 @@ are the plan's `notes`."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -22,7 +23,7 @@ from gpt_ds.base.errors import CheckpointError, ConfigError, GptDsError
 from gpt_ds.checkpoint.batch import Batch, check_batch, check_continuable
 from gpt_ds.checkpoint.checkpointer import check_model, check_same_data, damaged_files
 from gpt_ds.checkpoint.integrity import unverified_reason
-from gpt_ds.checkpoint.manifest import MANIFEST, needs_universal
+from gpt_ds.checkpoint.manifest import MANIFEST, RunRecord, needs_universal
 from gpt_ds.checkpoint.tags import (
     CheckpointRef,
     check_writable,
@@ -32,7 +33,7 @@ from gpt_ds.checkpoint.tags import (
 )
 from gpt_ds.data.mixture import DataMix, load_mix
 from gpt_ds.dsconfig.lr_schedule import with_schedule
-from gpt_ds.dsconfig.monitors import check_monitors, with_monitor_flags
+from gpt_ds.dsconfig.monitors import check_monitors, wandb_env, with_monitor_flags
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
 from gpt_ds.dsconfig.run_length import RunLength
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
@@ -44,6 +45,7 @@ from gpt_ds.model.gpt2 import (
     checkpoint_vocab,
 )
 from gpt_ds.observe.metrics import wants_release
+from gpt_ds.observe.watchdog import flight_recorder_env
 from gpt_ds.run import lock as run_lock
 from gpt_ds.run.config import RunConfig, run_settings, validate
 from gpt_ds.run.init_source import InitSource, model_source
@@ -88,6 +90,21 @@ class RunPlan:
             return self.ds.config
         checkpoint = {**self.ds.config.get("checkpoint", {}), "load_universal": True}
         return {**self.ds.config, "checkpoint": checkpoint}
+
+    def run_record(self) -> RunRecord:
+        """What each checkpoint's manifest says of the run (checkpoint/manifest.py)."""
+        return RunRecord(
+            world_size=self.machine.world_size,
+            zero_stage=self.ds.zero_stage,
+            model=asdict(self.shape),
+            config=self.cfg.to_dict(),
+            plan=self.record(),
+            precision=self.ds.precision,
+            micro_batch_size=self.ds.micro_batch_size,
+            grad_accum=self.ds.grad_accum,
+            run_id=self.run_id,
+            data=self.data.identity(),
+        )
 
     def record(self) -> dict[str, Any]:
         """The computed values a checkpoint's manifest keeps beside the run config; the batch
@@ -138,7 +155,7 @@ def plan_run(
         init=init,
         estimate=estimate,
         machine=machine,
-        choices=run_choices(cfg, machine, shape),
+        choices=run_choices(cfg, machine, shape, ds.config, os.environ),
         notes=tuple(notes),
         hellaswag=hellaswag,
     )
@@ -154,17 +171,25 @@ class RunChoices:
     release_host_memory: bool  # glibc returns freed blocks (--release_host_memory)
     save_interval: int  # iterations between saves (--save_interval, default --eval_interval)
     save_interval_flag: str  # the flag that gave it, for the log
+    environment: dict[str, str]  # set before the process group: NCCL's flight recorder, W&B
 
 
-def run_choices(cfg: RunConfig, machine: MachineFacts, shape: ModelShape) -> RunChoices:
-    """Every "auto" and unset default of the flags below, from the run and the machine."""
+def run_choices(
+    cfg: RunConfig, machine: MachineFacts, shape: ModelShape, ds_config: dict, environ
+) -> RunChoices:
+    """Every "auto" and unset default of the flags below, from the run and the machine; the
+    variables `environ` (the process's environment) does not set already."""
     compile_ = cfg.compile == "on" or (cfg.compile == "auto" and machine.device_type == "cuda")
     release = wants_release(cfg.release_host_memory, machine.device_type, shape.num_params())
     if cfg.save_interval is None:
         interval, flag = cfg.eval_interval, "--eval_interval"
     else:
         interval, flag = cfg.save_interval, "--save_interval"
+    environment = wandb_env(ds_config, cfg.out_dir, cfg.run_name, environ)
+    if cfg.hang_timeout != 0:  # NCCL's flight recorder dumps next to the hang's stacks
+        environment.update(flight_recorder_env(cfg.out_dir, environ))
     return RunChoices(
+        environment=environment,
         compile=compile_,
         compile_blocker=machine.compile_blocker if compile_ else None,
         release_host_memory=release,

@@ -20,7 +20,6 @@ import torch
 from gpt_ds.base import dist
 from gpt_ds.base.errors import CheckpointError, GptDsError
 from gpt_ds.dsconfig.lr_schedule import wsd_scheduler
-from gpt_ds.dsconfig.monitors import prepare_wandb
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 from gpt_ds.model.gpt2 import (
     build_model,
@@ -191,7 +190,6 @@ def build_engine(plan: RunPlan):
     if cfg.activation_checkpointing:
         enable_activation_checkpointing(model)
     assert shape_of(model).num_params() == count_params(model)
-    prepare_wandb(ds.config, cfg.out_dir, cfg.run_name)
     weight_decay = ds.config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     engine, *_ = deepspeed.initialize(
         model=model,

@@ -31,10 +31,10 @@ from gpt_ds.base.dist import command_line, parent_pid
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.base.phases import phase
 from gpt_ds.checkpoint.checkpointer import Checkpointer
-from gpt_ds.checkpoint.manifest import Manifest
+from gpt_ds.checkpoint.manifest import new_manifest
 from gpt_ds.checkpoint.tags import CheckpointRef, latest_tag
 from gpt_ds.data.mixture import DataMix, MixtureWindows
-from gpt_ds.data.tokens import STREAM, GlobalSplit, TrainWindows
+from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.dsconfig.monitors import describe
 from gpt_ds.model.gpt2 import flops_per_token, lm_loss
 from gpt_ds.observe import startup
@@ -722,26 +722,15 @@ class Trainer:
         dist.print0(f"checkpoint {tag}: saving ({why})")
         if self.evaluated_now and self._improves():
             self.best_val, self.best_tag = self.last_val, tag
-        manifest = Manifest(
+        manifest = new_manifest(
+            self.plan.run_record(),
             tag=tag,
             iteration=self.iteration,
-            world_size=dist.world_size(),
-            zero_stage=self.plan.ds.zero_stage,
-            model=asdict(self.shape),
-            config=self.cfg.to_dict(),
-            plan=self.plan.record(),
-            files={},
-            precision=self.plan.ds.precision,
-            micro_batch_size=self.plan.ds.micro_batch_size,
-            grad_accum=self.plan.ds.grad_accum,
-            run_id=self.plan.run_id,
+            tokens=self.tokens_seen,
             val_loss=self.last_val if self.evaluated_now else None,
             best_val_loss=self.best_val,
             best_tag=self.best_tag,
-            tokens=self.tokens_seen,
-            data=self.plan.data.identity(),
             early_stop=self.early_stop.state_dict(),
-            data_stream=STREAM,
         )
         path = self.checkpointer.save(self.engine, self.train_windows, manifest)
         self.save_clock.restart(self.iteration)
