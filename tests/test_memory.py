@@ -38,8 +38,7 @@ from gpt_ds.memory.estimate import (
     largest_module_params,
     parameter_layout,
 )
-from gpt_ds.memory.hardware import Hardware
-from gpt_ds.memory.picker import candidate_name, choose_preset, preset_run
+from gpt_ds.memory.picker import Hardware, candidate_name, choose_preset, preset_run
 from gpt_ds.model.gpt2 import (
     MODEL_PRESETS,
     ModelShape,

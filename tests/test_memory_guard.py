@@ -17,8 +17,10 @@ from gpt_ds.memory.guard import (
     node_ram,
     node_ram_bytes,
     ram_limit,
+    usable_cpu_memory,
+    usable_gpu_memory,
 )
-from gpt_ds.memory.hardware import Hardware, usable_cpu_memory, usable_gpu_memory
+from gpt_ds.memory.picker import Hardware
 from gpt_ds.model.gpt2 import resolve_shape
 
 

@@ -23,13 +23,15 @@ from dataclasses import dataclass
 from gpt_ds.base.cli import option, parse, preset_arg, run_tool, train_script
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.memory.choice_text import format_choice
-from gpt_ds.memory.hardware import (
+from gpt_ds.memory.picker import (
     DEFAULT_INTRA_NODE_GBPS,
     DEFAULT_NETWORK_GBPS,
     DEFAULT_PCIE_GBPS,
+    Candidate,
     Hardware,
+    PresetChoice,
+    choose_preset,
 )
-from gpt_ds.memory.picker import Candidate, PresetChoice, choose_preset
 from gpt_ds.model.gpt2 import MODEL_PRESETS, ModelShape
 from gpt_ds.run.init_source import init_shape, resolve_init
 

@@ -2,8 +2,9 @@
 memory than the device (or, on CPU, the host) lets it use would otherwise swap, hang, die of CUDA
 OOM at its first step or be OOM-killed with no step done.
 
-"Lets it use" is the picker's definition (gpt_ds.memory.hardware: 90% of what the CUDA context
-leaves of a GPU, 90% of a node's RAM), so a run the picker would refuse is refused here too. A
+"Lets it use" is defined here and the picker plans with it (`usable_gpu_memory`: 90% of what
+the CUDA context leaves of a GPU; `usable_cpu_memory`: 90% of a node's RAM), so a run the
+picker would refuse is refused here too. A
 node's RAM is the smaller of the machine's and its cgroup's limit (Slurm --mem, docker -m): the
 kernel OOM-kills at the cgroup limit whatever the machine has.
 """
@@ -16,13 +17,24 @@ from typing import NamedTuple
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, GiB, MemoryEstimate
-from gpt_ds.memory.hardware import (
-    CPU_USABLE_FRACTION,
-    CUDA_CONTEXT_BYTES,
-    GPU_USABLE_FRACTION,
-    usable_cpu_memory,
-    usable_gpu_memory,
-)
+
+# Headroom: the CUDA context, cuBLAS workspaces and NCCL buffers (1 GiB) come off the card,
+# and only 90% of the rest is planned for (allocator fragmentation, transient peaks).
+CUDA_CONTEXT_BYTES = 1 * GiB
+GPU_USABLE_FRACTION = 0.90
+CPU_USABLE_FRACTION = 0.90  # leave 10% of each node's RAM to the OS, page cache, data loader
+
+
+def usable_gpu_memory(total_bytes: float) -> int:
+    """What a run may fill of a GPU of `total_bytes`: 90% of what the CUDA context leaves. The
+    picker plans with it and the trainer's memory guard refuses above it (one definition)."""
+    return int((total_bytes - CUDA_CONTEXT_BYTES) * GPU_USABLE_FRACTION)
+
+
+def usable_cpu_memory(total_bytes: float) -> int:
+    """What a run may fill of a node's RAM (or its cgroup limit): 90%, as for the GPU."""
+    return int(total_bytes * CPU_USABLE_FRACTION)
+
 
 # One CPU-only rank's process before its model (Python, torch, DeepSpeed, transformers; no
 # CUDA libraries): 0.32-0.33 GiB measured (BENCHMARKS.md "Scale", tests/test_startup_memory.py
