@@ -15,7 +15,7 @@ from helpers.shared import shared_folder
 from support.runs import train_losses, val_losses
 
 from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, build_model, padded_vocab
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.run.config import parse_args
 from gpt_ds.training.engine_build import compile_blocker, compile_engine, wants_compile
 

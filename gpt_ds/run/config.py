@@ -18,6 +18,7 @@ from gpt_ds.base import cli, dist, logs
 from gpt_ds.base.cli import tool
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.base.flag_file import load_flag_file
+from gpt_ds.base.processes import RELEASE_CHOICES
 from gpt_ds.checkpoint.integrity import ALLOW_HELP
 from gpt_ds.checkpoint.manifest import replayed_flags
 from gpt_ds.data.mixture import DEFAULT_DATA_DIR, data_specs
@@ -32,7 +33,6 @@ from gpt_ds.dsconfig.resolve import (
 from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, decay_flag
 from gpt_ds.dsconfig.schema import PRESETS, preset_path
 from gpt_ds.model.gpt2 import LOSS_KINDS, MODEL_PRESETS, resolve_shape, shape_problems
-from gpt_ds.observe.metrics import RELEASE_CHOICES
 
 option = cli.option
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")

@@ -27,9 +27,9 @@ import torch.distributed as tdist
 
 from gpt_ds.base import dist
 from gpt_ds.base.cli import tool
-from gpt_ds.base.dist import command_line, parent_pid
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.base.phases import phase
+from gpt_ds.base.processes import command_line, parent_pid, release_freed_blocks, wants_release
 from gpt_ds.checkpoint.checkpointer import Checkpointer
 from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.tags import CheckpointRef, latest_tag
@@ -43,12 +43,9 @@ from gpt_ds.observe.metrics import (
     MetricsLogger,
     RunFacts,
     peak_memory_gib,
-    release_freed_blocks,
     resolve_peak,
-    rewind,
-    set_aside_attempt,
-    wants_release,
 )
+from gpt_ds.observe.metrics_file import rewind, set_aside_attempt
 from gpt_ds.observe.watchdog import Watchdog
 from gpt_ds.run.lock import AUTO
 from gpt_ds.run.plan import RunPlan
