@@ -57,7 +57,7 @@ from support.faults import Launch  # noqa: E402
 from support.launch import run_python, tiny_run_args  # noqa: E402
 from support.runs import consolidated_model  # noqa: E402
 
-from gpt_ds.observe.metrics import read_metrics  # noqa: E402
+from gpt_ds.observe.metrics_file import read_metrics  # noqa: E402
 from gpt_ds.run.lock import LOCK_NAME, LockOwner, stale_reason  # noqa: E402
 
 # 2 layers, 128 wide: saves of 111 MB stay open long enough (~0.3 s) to be hit on purpose

@@ -37,7 +37,7 @@ from gpt_ds.base.errors import ConfigError  # noqa: E402
 from gpt_ds.memory.estimate import GiB, MemoryEstimate  # noqa: E402
 from gpt_ds.memory.guard import check_fits, device_memory_bytes, node_ram_bytes  # noqa: E402
 from gpt_ds.model.gpt2 import MODEL_PRESETS  # noqa: E402
-from gpt_ds.observe.metrics import read_metrics  # noqa: E402
+from gpt_ds.observe.metrics_file import read_metrics  # noqa: E402
 
 # "rank 0 3.10 (2.61) GiB": the peak after start-up and the part that came with the model
 STARTUP = re.compile(r"rank (\d+) ([\d.]+) \(([-\d.]+)\) GiB")

@@ -27,7 +27,6 @@ warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", Fu
 
 # (E402 is off for this file in pyproject.toml: these imports must follow the sys.path fix)
 from gpt_ds.base import dist, logs
-from gpt_ds.base.dist import adopt_launcher_world
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.run.config import parse_args
 from gpt_ds.run.machine import probe_machine
@@ -36,6 +35,8 @@ from gpt_ds.training.trainer import Trainer
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gpt_ds.base.launcher_world import adopt_launcher_world  # only mpirun/srun need it
+
     try:
         adopt_launcher_world()  # mpirun/srun ranks: RANK, WORLD_SIZE before planning
         cfg = parse_args(argv)

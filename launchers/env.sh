@@ -157,8 +157,8 @@ gpt_ds_threads() {
 # shell, so a `$PATH` would arrive literally (and, as DeepSpeed double-quotes any value holding
 # characters other than letters, digits and @%+=:,./-, with the quotes): the ranks then find
 # neither ninja nor `hostname`. These get this shell's PATH, expanded here. They also get
-# MASTER_ADDR and MASTER_PORT, which those runners do not pass (gpt_ds/base/dist.py reads rank and
-# world from the launcher's own variables); pdsh's per-node launcher sets both itself.
+# MASTER_ADDR and MASTER_PORT, which those runners do not pass (gpt_ds/base/launcher_world.py
+# reads rank and world from the launcher's own variables); pdsh's per-node launcher sets both.
 gpt_ds_write_ds_env() {
     local file=$1 name extra launcher
     launcher=$(gpt_ds_setting LAUNCHER pdsh)

@@ -7,7 +7,7 @@
 #
 # Every argument goes to gpt_ds/train.py. Needs OpenMPI (`ompi_info` on PATH) on every node;
 # not mpi4py. DeepSpeed's OpenMPI runner sets no RANK/WORLD_SIZE/MASTER_*: each rank reads its
-# rank and world from mpirun's OMPI_COMM_WORLD_* (gpt_ds/base/dist.py, adopt_launcher_world), and
+# rank and world from mpirun's OMPI_COMM_WORLD_* (gpt_ds/base/launcher_world.py), and
 # MASTER_ADDR/MASTER_PORT and an expanded PATH come from .deepspeed_env (launchers/env.sh).
 # With one host in the hostfile DeepSpeed skips mpirun and launches locally.
 # DeepSpeed's OpenMPI runner supports no --include/--exclude/--num_gpus: edit the hostfile.

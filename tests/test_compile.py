@@ -17,7 +17,7 @@ from support.runs import train_losses, val_losses
 
 from gpt_ds.dsconfig.settings import MachineFacts
 from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, build_model, padded_vocab
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.run.config import parse_args
 from gpt_ds.run.machine import compile_blocker
 from gpt_ds.run.plan import run_choices

@@ -25,7 +25,7 @@ from helpers.messages import assert_names, names
 from support.launch import STAGE_RUN_ITERS, TRAIN, run_deepspeed, run_python, tiny_run_args
 
 from gpt_ds.base.errors import CheckpointError, ConfigError
-from gpt_ds.observe.metrics import read_attempts, read_metrics
+from gpt_ds.observe.metrics_file import read_attempts, read_metrics
 from gpt_ds.observe.plot import load_run
 from gpt_ds.run.config import parse_args, validate
 from gpt_ds.run.lock import LOCK_NAME, LockOwner, OutDirHasRun

@@ -10,7 +10,7 @@ import pytest
 from support.launch import REPO, run_deepspeed, run_python, tiny_run_args
 from support.runs import val_losses
 
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.training.trainer import EarlyStop
 
 

@@ -24,7 +24,7 @@ from gpt_ds.base.errors import CheckpointError
 from gpt_ds.data.tokens import eval_windows, window_batch
 from gpt_ds.export import hf as export
 from gpt_ds.model.gpt2 import ModelShape, gpt2_config, unpadded
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 
 TOOLS = REPO / "tools"
 EVAL_ITERS, MICRO_BATCH, BLOCK = 4, 4, 64  # the stage runs' (support.launch.tiny_run_args)

@@ -53,7 +53,7 @@ from support.launch import REPO, launch_env, tiny_run_args
 from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 
 from gpt_ds.checkpoint.integrity import file_digest
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 
 pytestmark = pytest.mark.slow
 

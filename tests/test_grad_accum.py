@@ -28,7 +28,7 @@ from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 from gpt_ds.base.errors import DataError
 from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.data.tokens import GlobalSplit, TrainWindows
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 
 BLOCK = 16
 # token i is i: a window's first token is its start offset

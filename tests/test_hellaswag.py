@@ -26,7 +26,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from gpt_ds.base.errors import DataError
 from gpt_ds.data.hellaswag import read_hellaswag, render, render_all
 from gpt_ds.export.hf import export_checkpoint
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.run.plan import hellaswag_rows
 from gpt_ds.training.hellaswag import ending_losses, score_hellaswag
 

@@ -23,7 +23,7 @@ from support.runs import train_lrs, val_losses
 
 from gpt_ds.base import cli
 from gpt_ds.commands.pick_preset import PickPresetOptions
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 
 # no --model: the shape comes from the weights
 NEW_RUN = {"model": None, "max_iters": 2, "eval_interval": 0, "warmup_iters": 2}

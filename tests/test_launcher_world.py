@@ -1,4 +1,4 @@
-"""gpt_ds.base.dist: ranks started by mpirun or srun (DeepSpeed's OpenMPI, MVAPICH and
+"""gpt_ds.base.launcher_world: ranks started by mpirun or srun (DeepSpeed's OpenMPI, MVAPICH and
 Slurm runners set no RANK/WORLD_SIZE/MASTER_*) read their world from the launcher's variables.
 
 Each variable set below is the one that launcher gives a rank (OpenMPI 4 mpirun, MVAPICH2
@@ -11,8 +11,13 @@ import pytest
 from helpers.messages import assert_names
 
 from gpt_ds.base import dist
-from gpt_ds.base.dist import LauncherWorldError, adopt_launcher_world, launcher_world
 from gpt_ds.base.errors import GptDsError
+from gpt_ds.base.launcher_world import (
+    LAUNCHER_VARIABLES,
+    LauncherWorldError,
+    adopt_launcher_world,
+    launcher_world,
+)
 
 MASTER = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 OPENMPI = {
@@ -46,7 +51,7 @@ SBATCH_SCRIPT = {
 
 # every variable launcher_world reads
 LAUNCHER_VARIABLE_NAMES = tuple(
-    v for entry in dist.LAUNCHER_VARIABLES for v in entry[1:] if v is not None
+    v for entry in LAUNCHER_VARIABLES for v in entry[1:] if v is not None
 ) + ("SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE")
 
 

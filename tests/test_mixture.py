@@ -17,7 +17,7 @@ from support.runs import train_losses
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.data.mixture import DataMix, DataSpec, MixtureWindows, data_specs
 from gpt_ds.data.tokens import GlobalSplit, TokenData, TrainWindows
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 
 BLOCK = 16
 ONE = GlobalSplit(1, 1)  # one rank, no accumulation

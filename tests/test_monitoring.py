@@ -14,7 +14,9 @@ from helpers.files import HELLASWAG_MINI
 from helpers.messages import assert_names
 from support.launch import launch_env, run_deepspeed, run_python, tiny_run_args
 
-from gpt_ds.observe.metrics import format_duration, lookup, read_metrics
+from gpt_ds.observe.metrics import format_duration
+from gpt_ds.observe.metrics_file import read_metrics
+from gpt_ds.observe.peak_flops import lookup
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ NODES = ("127.0.0.1", "127.0.0.2")
 MPI_ARGS = "--mca btl_tcp_if_include lo --mca oob_tcp_if_include lo --allow-run-as-root"
 PROBE = """\
 import json, os, shutil, sys
-from gpt_ds.base.dist import adopt_launcher_world
+from gpt_ds.base.launcher_world import adopt_launcher_world
 adopted = adopt_launcher_world()
 conn = os.environ.get("SSH_CONNECTION", "").split()
 print("PROBE " + json.dumps({

@@ -20,7 +20,7 @@ from support.launch import REPO, STAGE_RUN_ITERS
 
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.commands.plot_metrics import main
-from gpt_ds.observe import metrics, plot
+from gpt_ds.observe import metrics_file, plot
 
 # the stage runs' batch (support.launch.tiny_run_args): micro 4 x accum 1 x 2 ranks x block 64
 STAGE_TOKENS_PER_ITER = 4 * 1 * 2 * 64
@@ -177,11 +177,11 @@ def test_a_killed_attempt_set_aside_is_drawn_apart_from_the_run(tmp_path):
     write_launch(tmp_path, "killed", 0, range(1, 4), loss_offset=0.5)
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"iter": 4, "lo')
-    aside = metrics.set_aside_attempt(tmp_path)
+    aside = metrics_file.set_aside_attempt(tmp_path)
     assert aside == tmp_path / "metrics.jsonl.attempt-killed" and aside.is_file()
     assert not (tmp_path / "metrics.jsonl").exists()
     write_launch(tmp_path, "afresh", 0, range(1, 7))
-    assert [r["iter"] for r in metrics.read_attempts(tmp_path)["killed"]] == [0, 1, 2, 3]
+    assert [r["iter"] for r in metrics_file.read_attempts(tmp_path)["killed"]] == [0, 1, 2, 3]
     run = plot.load_run(tmp_path, "r")
     assert run.train_iters == list(range(1, 7))
     assert run.attempts == {"killed": ([1, 2, 3], [10 - i / 10 + 0.5 for i in (1, 2, 3)])}

@@ -11,7 +11,7 @@ import pytest
 import torch
 from support.launch import REPO, run_deepspeed, run_python
 
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 
 
 @pytest.mark.slow

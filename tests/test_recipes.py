@@ -21,7 +21,8 @@ from support.launch import REPO, planned, run_deepspeed
 from gpt_ds.base.flag_file import load_flag_file
 from gpt_ds.commands.pick_preset import main as pick_preset
 from gpt_ds.model.gpt2 import flops_per_token, resolve_shape
-from gpt_ds.observe.metrics import PEAK_TFLOPS, read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
+from gpt_ds.observe.peak_flops import PEAK_TFLOPS
 from gpt_ds.run.config import RunConfig, parse_args
 
 RECIPES = REPO / "recipes"

@@ -13,7 +13,7 @@ from support.launch import TRAIN, run_python, tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, run_length
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.run.config import length_problems, parse_args
 from gpt_ds.run.machine import probe_machine
 

@@ -17,7 +17,7 @@ from helpers.messages import assert_names
 from support.launch import tiny_run_args
 
 from gpt_ds.checkpoint.tags import complete_tags
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.run.lock import LOCK_NAME, STALE_AFTER_SECONDS, LockOwner, OutDirBusy, acquire
 
 

@@ -18,7 +18,7 @@ from helpers.hellaswag import reference_scores
 from support.launch import REPO, run_deepspeed, run_python, tiny_run_args
 from support.runs import consolidated_model, train_losses
 
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -36,7 +36,7 @@ from support.launch import (
 )
 from support.runs import train_losses, val_losses
 
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 
 pytestmark = pytest.mark.slow
 ssh_loopback = sshd_fixture()

@@ -3,7 +3,7 @@
 The table between the two markers is generated from `RunConfig` (gpt_ds/run/config.py) by
 `gpt_ds.base.cli.flag_reference`, the same fields and help texts `gpt_ds/train.py --help`
 shows, with the defaults the DeepSpeed config resolution gives the flags left unset
-(`gpt_ds.dsconfig.resolve.FLAG_DEFAULTS`); `--check` only says whether the committed table is
+(`gpt_ds.dsconfig.settings.FLAG_DEFAULTS`); `--check` only says whether the committed table is
 current (exit 1 if not), as tests/test_docs.py does.
 """
 

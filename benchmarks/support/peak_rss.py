@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 
+from gpt_ds.base import processes
 from support.launch import (
     REPO,
     free_port,
@@ -25,13 +26,8 @@ from support.zygote import RANK_PIDS_ENV, ZYGOTE_ENV, read_pids
 
 def status_bytes(pid: int, field: str) -> int:
     """A memory field of /proc/PID/status (VmHWM: peak resident set; RssAnon: anonymous
-    memory), in bytes; 0 once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            line = next((x for x in f if x.startswith(f"{field}:")), f"{field}: 0 kB")
-    except OSError:
-        return 0
-    return int(line.split()[1]) * 1024
+    memory), in bytes; 0 once the process is gone (gpt_ds's reading of /proc)."""
+    return processes.status_bytes(pid, field) or 0
 
 
 def rank_pids(launcher: psutil.Process) -> list[psutil.Process]:
@@ -80,15 +76,14 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
     pid_file = log.with_name(log.name + ".pids") if lean else None
     if pid_file is not None:
         env[RANK_PIDS_ENV] = str(pid_file)
-    peaks: dict[int, int] = {}
     deadline = time.monotonic() + timeout
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
         launcher = psutil.Process(proc.pid)
+        peaks = processes.PeakSampler("VmHWM", lambda: watched_pids(launcher, pid_file))
         try:
             while proc.poll() is None and time.monotonic() < deadline:
-                for pid in watched_pids(launcher, pid_file):
-                    peaks[pid] = max(peaks.get(pid, 0), status_bytes(pid, "VmHWM"))
+                peaks.sample()
                 time.sleep(0.1)
         finally:
             stopped = proc.poll() is None
@@ -98,7 +93,7 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
                         p.kill()
                 proc.wait()
             remove_shm_buffers("127.0.0.1", port)
-    return Watched(cmd, 124 if stopped else proc.returncode, max(peaks.values(), default=0))
+    return Watched(cmd, 124 if stopped else proc.returncode, peaks.peak_bytes or 0)
 
 
 def watched_pids(launcher: psutil.Process, pid_file: Path | None) -> list[int]:

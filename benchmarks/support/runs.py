@@ -1,6 +1,6 @@
 """What a training run left in its out_dir: logged values by iteration, consolidated weights.
 
-Each reads `metrics.jsonl` through `gpt_ds.observe.metrics.read_metrics`; a re-run iteration
+Each reads `metrics.jsonl` through `gpt_ds.observe.metrics_file.read_metrics`; a re-run iteration
 (after a resume) keeps its latest value.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 
 
 def train_losses(out: Path, tolerate_partial_last_line: bool = False) -> dict[int, float]:

@@ -22,7 +22,7 @@ import torch
 
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.model.gpt2 import ModelShape
-from gpt_ds.observe.metrics import read_metrics
+from gpt_ds.observe.metrics_file import read_metrics
 from support.launch import REPO, TRAIN, planned
 from support.peak_rss import run_watched
 from support.workspace import interleaved

@@ -48,9 +48,10 @@ def evaluate(opts: EvalOptions) -> int:
     bad file or model is found alike on every rank: said once per node (dist.refuse)."""
     from gpt_ds.base import dist
     from gpt_ds.base.errors import GptDsError
+    from gpt_ds.base.launcher_world import adopt_launcher_world
     from gpt_ds.data.hellaswag import read_hellaswag
 
-    dist.adopt_launcher_world()  # mpirun/srun ranks: RANK, WORLD_SIZE before the group
+    adopt_launcher_world()  # mpirun/srun ranks: RANK, WORLD_SIZE before the group
     try:
         examples = read_hellaswag(opts.hellaswag)
     except GptDsError as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpt_ds.base.cli import option, parse, run_tool
 from gpt_ds.base.errors import ConfigError
+from gpt_ds.observe.plot import draw, load_runs, save
 
 
 @dataclass
@@ -50,12 +51,6 @@ class PlotOptions:
 
 
 def plot(opts: PlotOptions) -> None:
-    from gpt_ds.observe.plot import (  # brings torch (gpt_ds.observe.metrics): not for --help
-        draw,
-        load_runs,
-        save,
-    )
-
     opts.check()
     runs = load_runs(opts.out_dirs, opts.labels)
     fig = draw(runs, opts.smooth, opts.log_y, opts.width, opts.height)

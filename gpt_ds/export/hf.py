@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,8 +34,8 @@ from typing import Any
 
 import torch
 
-from gpt_ds.base.dist import pid_alive
 from gpt_ds.base.errors import CheckpointError
+from gpt_ds.base.processes import PeakSampler, peak_rss_gib, pid_alive
 from gpt_ds.checkpoint.integrity import unverified_reason
 from gpt_ds.checkpoint.tags import CheckpointRef, resolve
 from gpt_ds.export.stream import (
@@ -48,7 +47,6 @@ from gpt_ds.export.stream import (
     write_safetensors_shards,
 )
 from gpt_ds.model.gpt2 import gpt2_config, unpadded
-from gpt_ds.observe.metrics import peak_rss_gib
 
 FORMATS = ("hf", "safetensors", "pt")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -314,45 +312,6 @@ class ExportResult:
     peak_anon_gib: float | None
 
 
-class AnonPeak:
-    """Peak anonymous (not file-backed) resident memory, sampled every 10 ms (Linux only).
-
-    RSS also counts the checkpoint files memory-mapped here: clean page cache the kernel can
-    drop at will. The anonymous part is the memory the conversion really needs.
-    """
-
-    def __init__(self) -> None:
-        self.peak_gib: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def read_gib() -> float | None:
-        try:
-            with open("/proc/self/status") as f:
-                line = next(x for x in f if x.startswith("RssAnon:"))
-        except (OSError, StopIteration):
-            return None
-        return int(line.split()[1]) / (1 << 20)
-
-    def _run(self) -> None:
-        while True:
-            now = self.read_gib()
-            if now is None:
-                return
-            self.peak_gib = max(self.peak_gib or 0.0, now)
-            if self._stop.wait(0.01):
-                return
-
-    def __enter__(self) -> AnonPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def _record(ref: CheckpointRef, fmt: str, dtype: str) -> dict[str, Any]:
     m = ref.manifest
     return {
@@ -398,7 +357,13 @@ def export_checkpoint(
         f"world size {m.world_size}, trained in {m.precision}) "
         f"-> {output} [{fmt}, {dtype}]"
     )
-    with AnonPeak() as anon, staged_output(output) as tmp, ThreadPoolExecutor(1) as pool:
+    # RSS also counts the checkpoint files memory-mapped here: clean page cache the kernel can
+    # drop at will. The anonymous part, sampled, is the memory the conversion really needs.
+    with (
+        PeakSampler("RssAnon") as anon,
+        staged_output(output) as tmp,
+        ThreadPoolExecutor(1) as pool,
+    ):
         weights = read_weights(ref, DTYPES[dtype], progress)
         # config and tokenizer (mostly importing transformers, which holds the GIL) while the
         # weights are written (which releases it)
@@ -419,7 +384,7 @@ def export_checkpoint(
         files=files,
         seconds=time.perf_counter() - start,
         peak_rss_gib=peak_rss_gib(),
-        peak_anon_gib=anon.peak_gib,
+        peak_anon_gib=None if anon.peak_bytes is None else anon.peak_bytes / 2**30,
     )
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.model.logits_loss import full_cross_entropy
 
 GPT2_VOCAB_SIZE = 50257
 # How the training model takes the LM loss (--loss; training_model.py): from the hidden states a
@@ -265,6 +264,8 @@ def lm_loss(model, x: torch.Tensor, y: torch.Tensor, *, reduction: str = "mean")
     if getattr(module, "takes_targets", False):
         loss = model(input_ids=x, targets=y)
         return loss * y.numel() if reduction == "sum" else loss
+    from gpt_ds.model.logits_loss import full_cross_entropy  # a model without the loss inside
+
     logits = model(input_ids=x, use_cache=False).logits  # (B, T, V)
     tokens = getattr(module.config, "token_vocab_size", None)
     return full_cross_entropy(logits, y, tokens, reduction)

@@ -1,3 +1,3 @@
-"""What a person watches: metrics and logs, monitors, the start-up report, MFU peaks, plots, a
-rank's resident memory (rss).
+"""What a person watches: metrics and logs, the metrics file, monitors, the start-up report
+and its all-reduce rate, MFU peaks, plots, profiles, hangs.
 """

@@ -1,23 +1,14 @@
-"""Rank-0 training logs: readable console lines, `OUT_DIR/metrics.jsonl` (one JSON record per
-line) and the DeepSpeed monitors (TensorBoard, W&B, CSV; `EngineMonitor`), all from one record.
+"""Rank-0 training logs: readable console lines, `OUT_DIR/metrics.jsonl` (metrics_file.py) and
+the DeepSpeed monitors (TensorBoard, W&B, CSV; `EngineMonitor`), all from one record.
 
-Throughput, TFLOP/s, MFU (against the accelerator's peak: `resolve_peak`), ETA and peak memory
-(a rank's RSS too, and giving freed host memory back: `release_freed_blocks`) are derived here
-so the training loop only reports raw facts (iteration, loss, lr, gradient norm, elapsed
-time). Every record has a `kind` ("train", "eval" or "event"), the wall-clock `time` and the
-launch's `run_id`.
+Throughput, TFLOP/s, MFU (against the accelerator's peak: `resolve_peak`, from the table in
+peak_flops.py), ETA and peak memory (a rank's RSS on CPU) are derived here so the training loop
+only reports raw facts (iteration, loss, lr, gradient norm, elapsed time).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import json
 import math
-import os
-import re
-import resource
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,144 +18,20 @@ from typing import Any
 import torch
 
 from gpt_ds.base import logs
+from gpt_ds.base.processes import peak_rss_gib
 from gpt_ds.dsconfig.monitors import SECTIONS, enabled
-
-# A rank's resident memory (RSS): its peak, and glibc's habit of keeping what a step freed.
-#
-# Measured on this project's CPU machines (BENCHMARKS.md): a ZeRO-3 step of gpt2-medium on 4
-# ranks peaked at 5.0-5.5 GiB RSS per rank against 3.3 GiB of live tensors. The difference is
-# glibc's heap: blocks a step frees (gathered parameters, reduction buckets) are kept for reuse,
-# and the next allocations of other sizes grow the heap instead. A fixed mmap threshold makes
-# every block from 1 MiB up its own mapping, handed back to the kernel when freed: the same run
-# then peaks at 3.3 GiB at the same step time. On small models, whose steps allocate and free
-# multi-MiB activations many times a second, the page faults cost 10-35% of the speed, so `auto`
-# releases only for models of 100M parameters and more on CPU ranks, where the host memory is
-# the training memory and the saving is gigabytes.
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-RELEASE_THRESHOLD = 1 << 20  # blocks from 1 MiB up: mapped, and unmapped when freed
-AUTO_MIN_PARAMS = 100_000_000
-RELEASE_CHOICES = ("auto", "on", "off")
-
-
-def peak_rss_gib() -> float:
-    """This process's peak resident set size so far, in GiB (Linux reports KiB, macOS bytes):
-    the one peak-RSS reading of the package (training metrics, the export's summary)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**30 * (1 if sys.platform == "darwin" else 1024)
-
-
-def wants_release(choice: str, device_type: str, num_params: int) -> bool:
-    """Whether to release freed blocks: `on`/`off` as asked; `auto` on CPU for large models."""
-    if choice != "auto":
-        return choice == "on"
-    return device_type == "cpu" and num_params >= AUTO_MIN_PARAMS
-
-
-def release_freed_blocks() -> str:
-    """Set glibc's mmap threshold (fixed: no more dynamic raising); a line for the log."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        ok = libc.mallopt(M_MMAP_THRESHOLD, RELEASE_THRESHOLD) == 1
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to set
-        ok = False
-    if not ok:
-        return "host memory: this C library has no mallopt; freed blocks stay with the process"
-    return (
-        "host memory: blocks of 1 MiB and more go back to the kernel when freed "
-        "(--release_host_memory)"
-    )
-
-
-# Peak dense 16-bit matmul throughput of the run's accelerator, for MFU.
-#
-# Keyed by the exact model in the name the driver reports (`torch.cuda.get_device_name()`), so a
-# PCIe card does not get its SXM sibling's figure and "L40" never matches "L40S". Figures are
-# the vendors' dense matrix peaks (no structured sparsity) in the precision a run trains there:
-# bf16 where the card has it natively (`precision.gpu_precision` picks bf16 there), fp16 on
-# V100 / T4-class cards (which train fp16). In TFLOP/s per device torch sees: an MI250X/MI250
-# package is two GCDs, each its own device and rank, so those rows are half the package figure.
-# An unknown device gives None and the trainer says so once (`--peak_tflops` sets it).
-
-# (model, pattern over the upper-cased device name, dense TFLOP/s); first match wins, so each
-# variant comes before its family's plain name. Sources: NVIDIA and AMD datasheets; AMD's
-# rows are its published "Peak FP16/BF16 (dense) matrix" TFLOPs (amd.com product spec pages),
-# which are CUs x matrix FLOP/clock/CU x peak engine clock, as the comments recompute.
-PEAK_TFLOPS: tuple[tuple[str, str, float], ...] = (
-    ("GB200", r"\bGB200\b", 2500.0),
-    ("B200", r"\bB200\b", 2250.0),
-    ("B100", r"\bB100\b", 1750.0),
-    ("GH200", r"\bGH200\b", 989.4),
-    ("H200 NVL", r"\bH200\b.*\bNVL\b", 835.0),
-    ("H200", r"\bH200\b", 989.4),
-    ("H100 NVL", r"\bH100\b.*\bNVL\b", 835.0),
-    ("H100 PCIe", r"\bH100\b.*\bPCIE\b", 756.0),
-    ("H100 SXM", r"\bH100\b", 989.4),  # "H100 80GB HBM3", "H100 SXM5 80GB"
-    ("H800 PCIe", r"\bH800\b.*\bPCIE\b", 756.0),
-    ("H800", r"\bH800\b", 989.4),
-    ("H20", r"\bH20\b", 148.0),
-    ("A100", r"\bA100\b", 312.0),  # SXM4 and PCIe, 40 and 80 GB alike
-    ("A800", r"\bA800\b", 312.0),
-    ("A30", r"\bA30\b", 165.0),
-    ("A10G", r"\bA10G\b", 125.0),
-    ("A10", r"\bA10\b", 125.0),
-    ("L40S", r"\bL40S\b", 362.1),
-    ("L40", r"\bL40\b", 181.0),
-    ("L20", r"\bL20\b", 119.5),
-    ("L4", r"\bL4\b", 121.0),
-    ("V100S", r"\bV100S\b", 130.0),
-    ("V100 PCIe", r"\bV100\b.*\bPCIE\b", 112.0),
-    ("V100", r"\bV100\b", 125.0),
-    ("RTX 6000 Ada", r"\bRTX 6000 ADA\b", 364.2),
-    ("RTX 4090", r"\bRTX 4090\b", 165.2),
-    ("RTX 3090", r"\bRTX 3090\b", 71.0),
-    ("MI355X", r"\bMI355X\b", 2500.0),
-    ("MI350X", r"\bMI350X\b", 2300.0),
-    ("MI325X", r"\bMI325X\b", 1307.4),
-    ("MI300X", r"\bMI300X\b", 1307.4),
-    ("MI300A", r"\bMI300A\b", 980.6),
-    # MI250X / MI250: AMD lists 383.0 / 362.1 TFLOPs bf16 for the OAM package, 2 GCDs (220 /
-    # 208 CUs x 1024 x 1.7 GHz); torch shows each GCD as a device, run by one rank. The name
-    # ROCm reports for both is often "AMD Instinct MI250X/MI250": MI250X's figure then.
-    ("MI250X (1 GCD)", r"\bMI250X\b", 191.5),
-    ("MI250 (1 GCD)", r"\bMI250\b", 181.0),
-    ("MI210", r"\bMI210\b", 181.0),  # one GCD, 104 CUs x 1024 x 1.7 GHz
-    # MI100: 184.6 TFLOPs is its fp16 peak; bf16 (what ROCm runs train) is half: 92.3
-    ("MI100", r"\bMI100\b", 92.3),
-    # Radeon, RDNA4: AI PRO R9700, 64 CUs x 1024 x 2.92 GHz = 191 TFLOPs fp16/bf16 dense
-    # (AMD: 191 dense, 383 with sparsity)
-    ("Radeon AI PRO R9700", r"\bR9700\b", 191.0),
-    # Radeon, RDNA3 (WMMA, bf16 at the fp16 rate, 512 FLOP/clock/CU): AMD's peak fp16 figures
-    # 7900 XTX 96 CUs x 2.5 GHz = 122.8, XT 84 x 2.4 = 103 (as AMD rounds it), GRE 80 x 2.245
-    # = 91.96
-    ("RX 7900 XTX", r"\bRX 7900 XTX\b", 122.8),
-    ("RX 7900 XT", r"\bRX 7900 XT\b", 103.0),
-    ("RX 7900 GRE", r"\bRX 7900 GRE\b", 91.96),
-)
-
-
-def lookup(device_name: str) -> tuple[str, float] | None:
-    """(model, dense TFLOP/s) for a device name such as "NVIDIA H100 PCIe", or None."""
-    name = device_name.upper().replace("-", " ").replace("_", " ")
-    for model, pattern, tflops in PEAK_TFLOPS:
-        if re.search(pattern, name):
-            return model, tflops
-    return None
-
-
-def device_name() -> str | None:
-    """This rank's accelerator as the driver names it; None on CPU."""
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+from gpt_ds.observe.metrics_file import METRICS_FILE, append_record
 
 
 def resolve_peak(override_tflops: float | None) -> tuple[float | None, str]:
     """(peak FLOP/s per device or None, a line for the log saying where it came from)."""
     if override_tflops is not None:
         return override_tflops * 1e12, f"MFU against {override_tflops:g} TFLOP/s (--peak_tflops)"
-    name = device_name()
-    if name is None:
+    if not torch.cuda.is_available():
         return None, "MFU: not reported on CPU (no peak to compare with)"
+    from gpt_ds.observe.peak_flops import lookup
+
+    name = torch.cuda.get_device_name()
     found = lookup(name)
     if found is None:
         return None, (
@@ -211,7 +78,6 @@ class EngineMonitor:
             wandb.finish()
 
 
-METRICS_FILE = "metrics.jsonl"
 MonitorWriter = Callable[[int, dict[str, float]], None]  # (optimizer step, {tag: value})
 
 
@@ -277,9 +143,8 @@ class MetricsLogger:
 
     def write(self, kind: str, record: dict) -> None:
         if self.enabled:
-            with self.path.open("a") as f:
-                rec = {"kind": kind, **record, "time": round(time.time(), 3), "run_id": self.run_id}
-                f.write(json.dumps(rec) + "\n")
+            rec = {"kind": kind, **record, "time": round(time.time(), 3), "run_id": self.run_id}
+            append_record(self.path, rec)
 
     def log_train(
         self,
@@ -438,121 +303,3 @@ def _scores_text(scores: dict[str, float]) -> str:
         f" | hellaswag acc_norm {scores['hellaswag_acc_norm']:.4f} "
         f"acc {scores['hellaswag_acc']:.4f} ({int(scores['hellaswag_examples'])})"
     )
-
-
-def rewind(out_dir: str | Path, iteration: int) -> int:
-    """Move the records past `iteration` (written by a launch that then crashed) from
-    metrics.jsonl to metrics.jsonl.rewound-<iteration>, so a resumed run logs each iteration
-    once. Returns how many records moved; the file is replaced atomically."""
-    path = Path(out_dir) / METRICS_FILE
-    if not path.is_file():
-        return 0
-    lines = path.read_text().splitlines(keepends=True)
-    keep: list[str] = []
-    drop: list[str] = []
-    for line in lines:
-        try:
-            past = json.loads(line).get("iter", -1) > iteration
-        except (json.JSONDecodeError, AttributeError, TypeError):
-            past = not line.endswith("\n")  # a torn last line of the crash: aside with the rest
-        (drop if past else keep).append(line)
-    if not drop:
-        return 0
-    aside = path.with_name(f"{METRICS_FILE}.rewound-{iteration}")
-    with aside.open("a") as f:
-        f.writelines(line if line.endswith("\n") else line + "\n" for line in drop)
-    tmp = path.with_name(f".{METRICS_FILE}.tmp")
-    tmp.write_text("".join(keep))
-    os.replace(tmp, path)
-    return len(drop)
-
-
-ATTEMPT_PREFIX = f"{METRICS_FILE}.attempt-"  # + the run id of a launch that left no checkpoint
-
-
-def attempt_file(out_dir: str | Path) -> Path | None:
-    """Where `set_aside_attempt` would move metrics.jsonl (named by the run id of its last
-    record; its time stamp where no record has one), or None when there is no such file."""
-    path = Path(out_dir) / METRICS_FILE
-    if not path.is_file():
-        return None
-    ids = [r.get("run_id") for r in json_records(path)]
-    name = next((i for i in reversed(ids) if isinstance(i, str) and i), None)
-    name = name or time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-    aside, n = path.with_name(ATTEMPT_PREFIX + name), 1
-    while aside.exists():  # a run id is unique; a time stamp need not be
-        n += 1
-        aside = path.with_name(f"{ATTEMPT_PREFIX}{name}.{n}")
-    return aside
-
-
-def set_aside_attempt(out_dir: str | Path) -> Path | None:
-    """Move metrics.jsonl, the records of a launch killed before its first checkpoint, to
-    `attempt_file`'s name, so the run started afresh logs each iteration once and the killed
-    attempt's records stay readable apart (`read_attempts`). Returns the new path."""
-    aside = attempt_file(out_dir)
-    if aside is not None:
-        os.replace(Path(out_dir) / METRICS_FILE, aside)
-    return aside
-
-
-def read_attempts(out_dir: str | Path) -> dict[str, list[dict]]:
-    """The records of each launch that was set aside (killed before its first checkpoint, the
-    run then started afresh), keyed by run id, oldest first; torn lines skipped."""
-    files = sorted(Path(out_dir).glob(ATTEMPT_PREFIX + "*"), key=lambda f: f.stat().st_mtime)
-    return {f.name.removeprefix(ATTEMPT_PREFIX): json_records(f) for f in files}
-
-
-def json_records(path: Path) -> list[dict]:
-    """The JSON objects of a metrics file; other lines (a torn last line, foreign text)
-    skipped, for readers that must not fail on a crashed launch's file."""
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-KINDS = ("train", "eval", "event")
-
-
-def record_kind(record: dict) -> str | None:
-    """ "train", "eval" or "event": the record's `kind`, else inferred (records written before
-    `kind` existed); None for anything else."""
-    if record.get("kind") in KINDS:
-        return record["kind"]
-    if "val_loss" in record:
-        return "eval"
-    if "loss" in record:
-        return "train"
-    return "event" if "event" in record else None
-
-
-def read_metrics(out_dir: str | Path, tolerate_partial_last_line: bool = False) -> list[dict]:
-    """Every record of `OUT_DIR/metrics.jsonl`, in file order.
-
-    For a run still writing (`tolerate_partial_last_line=True`): a file not created yet reads as
-    no records, and a last line not yet ended by its newline is left out (the next read gets it).
-    Any other line that is not JSON raises ValueError naming the file and line.
-    """
-    path = Path(out_dir) / METRICS_FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        if tolerate_partial_last_line:
-            return []
-        raise
-    lines = text.splitlines()
-    if tolerate_partial_last_line and lines and not text.endswith("\n"):
-        lines.pop()
-    records = []
-    for n, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not a JSON record ({e.msg}): {line[:80]!r}") from None
-    return records

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_ds.base.errors import GptDsError
-from gpt_ds.observe.metrics import read_attempts, read_metrics, record_kind
+from gpt_ds.observe.metrics_file import read_attempts, read_metrics, record_kind
 
 INSTALL_HINT = "pip install 'gpt_ds[plot]'"
 HELLASWAG = "hellaswag_acc_norm"  # an eval record's HellaSwag score (training/hellaswag.py)

@@ -10,7 +10,6 @@ import socket
 from gpt_ds.base import dist, logs
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 from gpt_ds.memory.estimate import MemoryEstimate, comm_bytes_per_step
-from gpt_ds.memory.measure import measured_model_state_bytes
 from gpt_ds.model.gpt2 import ModelShape
 from gpt_ds.observe.metrics import peak_memory_gib
 
@@ -45,10 +44,12 @@ def communication_plan(shape: ModelShape, resolved: ResolvedDsConfig) -> float |
     """Print the bytes each rank sends per optimizer step and the time that implies on the
     measured all-reduce rate; returns the expected seconds per step (None on one rank)."""
     world, stage = dist.world_size(), resolved.zero_stage
-    nbytes = comm_bytes_per_step(shape, stage, resolved.precision, world, resolved.grad_accum)
-    rate = dist.allreduce_send_rate()
-    if rate is None:
+    if world <= 1:  # nothing sent (and the probe's module not imported)
         return None
+    from gpt_ds.observe.allreduce_rate import allreduce_send_rate
+
+    nbytes = comm_bytes_per_step(shape, stage, resolved.precision, world, resolved.grad_accum)
+    rate = allreduce_send_rate()
     seconds = nbytes / rate
     dist.print0(
         f"communication: {nbytes / 1e6:,.1f} MB sent per rank per optimizer step "
@@ -62,6 +63,8 @@ def communication_plan(shape: ModelShape, resolved: ResolvedDsConfig) -> float |
 def model_states(engine, estimate: MemoryEstimate) -> None:
     """Measured model-state bytes of each rank next to the prediction, after the first step
     (when Adam's moments exist and the step's gradient buffers are released)."""
+    from gpt_ds.memory.measure import measured_model_state_bytes  # after the first step only
+
     measured = measured_model_state_bytes(engine)
     held = measured["params"] + measured["optimizer_states"]
     per_rank, peaks = zip(*dist.gather_objects((held, peak_memory_gib())), strict=True)

@@ -17,6 +17,7 @@ from typing import Any
 from gpt_ds.base import cli, logs
 from gpt_ds.base.cli import tool
 from gpt_ds.base.errors import ConfigError
+from gpt_ds.base.processes import RELEASE_CHOICES
 from gpt_ds.checkpoint.integrity import ALLOW_HELP
 from gpt_ds.checkpoint.manifest import replayed_flags
 from gpt_ds.data.mixture import DEFAULT_DATA_DIR, data_specs
@@ -37,7 +38,6 @@ from gpt_ds.model.gpt2 import (
     resolve_shape,
     shape_problems,
 )
-from gpt_ds.observe.metrics import RELEASE_CHOICES
 
 option = cli.option
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")
@@ -263,7 +263,7 @@ class RunConfig:
         "auto",
         "Give freed host memory blocks (1 MiB and up) back to the kernel at once: on, off, or "
         "auto (on for CPU ranks and models of 100M+ parameters; see "
-        "gpt_ds/observe/metrics.py).",
+        "gpt_ds/base/processes.py).",
         choices=RELEASE_CHOICES,
     )
     dry_run: bool = option(

@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpt_ds.base import logs
-from gpt_ds.base.dist import process_identity
 from gpt_ds.base.errors import GptDsError
+from gpt_ds.base.processes import process_identity
 from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.tags import LATEST, complete_tags, latest_tag, partial_dirs
-from gpt_ds.observe.metrics import METRICS_FILE, attempt_file, json_records
+from gpt_ds.observe.metrics_file import METRICS_FILE, attempt_file, json_records
 
 # What an earlier run left in the out dir, and what a launch may do with it.
 #

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpt_ds.base import dist
 from gpt_ds.base.errors import CheckpointError, ConfigError, GptDsError
+from gpt_ds.base.processes import wants_release
 from gpt_ds.checkpoint.batch import Batch, check_batch, check_continuable
 from gpt_ds.checkpoint.checkpointer import check_model, check_same_data, damaged_files
 from gpt_ds.checkpoint.integrity import unverified_reason
@@ -44,7 +45,6 @@ from gpt_ds.model.gpt2 import (
     ModelShape,
     checkpoint_vocab,
 )
-from gpt_ds.observe.metrics import wants_release
 from gpt_ds.observe.watchdog import flight_recorder_env
 from gpt_ds.run import lock as run_lock
 from gpt_ds.run.config import RunConfig, run_settings, validate

@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 
-from gpt_ds.base.dist import command_line, parent_pid
+from gpt_ds.base.processes import command_line, parent_pid
 
 # A stop request from outside: SIGTERM/SIGINT (preemption, Ctrl-C, Slurm's warning signal), or
 # the launch that started this rank going away.

@@ -27,6 +27,7 @@ from gpt_ds.base import dist
 from gpt_ds.base.cli import tool
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.base.phases import phase
+from gpt_ds.base.processes import release_freed_blocks
 from gpt_ds.checkpoint.checkpointer import Checkpointer
 from gpt_ds.checkpoint.manifest import new_manifest
 from gpt_ds.checkpoint.tags import CheckpointRef, latest_tag
@@ -40,11 +41,9 @@ from gpt_ds.observe.metrics import (
     MetricsLogger,
     RunFacts,
     peak_memory_gib,
-    release_freed_blocks,
     resolve_peak,
-    rewind,
-    set_aside_attempt,
 )
+from gpt_ds.observe.metrics_file import rewind, set_aside_attempt
 from gpt_ds.observe.watchdog import Watchdog
 from gpt_ds.run.lock import AUTO
 from gpt_ds.run.plan import RunPlan

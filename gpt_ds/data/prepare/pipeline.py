@@ -64,8 +64,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpt_ds.base.cli import option
-from gpt_ds.base.dist import pid_alive
 from gpt_ds.base.errors import ConfigError, DataError
+from gpt_ds.base.processes import pid_alive
 from gpt_ds.data.prepare.encode import (
     SplitWriter,
     batch_tasks,
