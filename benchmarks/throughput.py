@@ -129,7 +129,9 @@ def gpu_columns(setup: Setup) -> dict[str, Callable[[str, float], str]]:
     """Header -> cell of (row, tokens/s): MFU where the device's peak is known, and on GPUs
     the peak the trainer's memory model predicts for a gpt_ds row (the peers: -)."""
     columns: dict[str, Callable[[str, float], str]] = {}
-    peak, _ = resolve_peak(None)
+    peak, _ = resolve_peak(
+        None, torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    )
     if peak:
         per_token = flops_per_token(setup.shape)
         columns["MFU"] = lambda row, tps: f"{tps * per_token / (peak * setup.args.ranks):.1%}"

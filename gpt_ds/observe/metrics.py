@@ -23,15 +23,18 @@ from gpt_ds.dsconfig.monitors import SECTIONS, enabled
 from gpt_ds.observe.metrics_file import METRICS_FILE, append_record
 
 
-def resolve_peak(override_tflops: float | None) -> tuple[float | None, str]:
-    """(peak FLOP/s per device or None, a line for the log saying where it came from)."""
+def resolve_peak(
+    override_tflops: float | None, device_name: str | None
+) -> tuple[float | None, str]:
+    """(peak FLOP/s per device or None, a line for the log saying where it came from), for the
+    GPU the driver names `device_name` (None: CPU ranks)."""
     if override_tflops is not None:
         return override_tflops * 1e12, f"MFU against {override_tflops:g} TFLOP/s (--peak_tflops)"
-    if not torch.cuda.is_available():
+    if device_name is None:
         return None, "MFU: not reported on CPU (no peak to compare with)"
     from gpt_ds.observe.peak_flops import lookup
 
-    name = torch.cuda.get_device_name()
+    name = device_name
     found = lookup(name)
     if found is None:
         return None, (

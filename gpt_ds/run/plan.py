@@ -45,6 +45,7 @@ from gpt_ds.model.gpt2 import (
     ModelShape,
     checkpoint_vocab,
 )
+from gpt_ds.observe.metrics import resolve_peak
 from gpt_ds.observe.watchdog import flight_recorder_env
 from gpt_ds.run import lock as run_lock
 from gpt_ds.run.config import RunConfig, run_settings, validate
@@ -172,12 +173,15 @@ class RunChoices:
     save_interval: int  # iterations between saves (--save_interval, default --eval_interval)
     save_interval_flag: str  # the flag that gave it, for the log
     environment: dict[str, str]  # set before the process group: NCCL's flight recorder, W&B
+    peak_flops: float | None  # per device, what MFU divides by (None: not reported)
+    peak_line: str  # where that peak comes from, for the log
 
 
 def run_choices(
     cfg: RunConfig, machine: MachineFacts, shape: ModelShape, ds_config: dict, environ
 ) -> RunChoices:
-    """Every "auto" and unset default of the flags below, from the run and the machine; the
+    """Every "auto" and unset default of the flags below, from the run and the machine (the MFU
+    peak: the table's, for the GPU the machine names); the
     variables `environ` (the process's environment) does not set already."""
     compile_ = cfg.compile == "on" or (cfg.compile == "auto" and machine.device_type == "cuda")
     release = wants_release(cfg.release_host_memory, machine.device_type, shape.num_params())
@@ -185,10 +189,13 @@ def run_choices(
         interval, flag = cfg.eval_interval, "--eval_interval"
     else:
         interval, flag = cfg.save_interval, "--save_interval"
+    peak_flops, peak_line = resolve_peak(cfg.peak_tflops, machine.device_name)
     environment = wandb_env(ds_config, cfg.out_dir, cfg.run_name, environ)
     if cfg.hang_timeout != 0:  # NCCL's flight recorder dumps next to the hang's stacks
         environment.update(flight_recorder_env(cfg.out_dir, environ))
     return RunChoices(
+        peak_flops=peak_flops,
+        peak_line=peak_line,
         environment=environment,
         compile=compile_,
         compile_blocker=machine.compile_blocker if compile_ else None,

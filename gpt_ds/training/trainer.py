@@ -41,7 +41,6 @@ from gpt_ds.observe.metrics import (
     MetricsLogger,
     RunFacts,
     peak_memory_gib,
-    resolve_peak,
 )
 from gpt_ds.observe.metrics_file import rewind, set_aside_attempt
 from gpt_ds.observe.watchdog import Watchdog
@@ -377,8 +376,8 @@ class Trainer:
     def _metrics_logger(self) -> MetricsLogger:
         """The logger, its monitors and MFU peak; a resumed run's metrics.jsonl rewound."""
         cfg, ds = self.cfg, self.plan.ds
-        peak, peak_line = resolve_peak(cfg.peak_tflops)
-        dist.print0(peak_line)
+        peak = self.plan.choices.peak_flops
+        dist.print0(self.plan.choices.peak_line)
         for line in describe(ds.config):
             dist.print0(line)
         if EngineMonitor.wanted(ds.config):
