@@ -146,7 +146,7 @@ class PeakSampler:
 
 # A rank's resident memory against glibc's habit of keeping what a step freed.
 #
-# Measured on this project's CPU machines (BENCHMARKS.md): a ZeRO-3 step of gpt2-medium on 4
+# Measured on CPU ranks: a ZeRO-3 step of gpt2-medium on 4
 # ranks peaked at 5.0-5.5 GiB RSS per rank against 3.3 GiB of live tensors. The difference is
 # glibc's heap: blocks a step frees (gathered parameters, reduction buckets) are kept for reuse,
 # and the next allocations of other sizes grow the heap instead. A fixed mmap threshold makes

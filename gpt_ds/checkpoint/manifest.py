@@ -60,7 +60,7 @@ class Manifest:
     source_digest: str | None = None  # for a universal checkpoint: its source's `digest()`
     tokens: int | None = None  # tokens trained on, all ranks (None: its batch never recorded)
     data: dict[str, Any] | None = None  # mixture.DataMix.identity (None: never recorded)
-    early_stop: dict[str, Any] | None = None  # early_stop.EarlyStop's count and best
+    early_stop: dict[str, Any] | None = None  # training/trainer.py EarlyStop's count and best
     data_stream: str = STREAM  # how windows were drawn; "per_rank": not resumable (batch.py)
     plan: dict[str, Any] | None = None  # what the run computed from its config (RunPlan.record)
 

@@ -9,7 +9,7 @@ the trainer's start-up (`probe_machine`, every rank, before any model) refuse bo
 `gather_facts` is the only part that touches torch, DeepSpeed and the system, and it is kept
 tiny: it returns a plain dict (it is also shipped as source to every node by preflight, so it
 is self-contained, standard library only, Python 3.6 syntax). Everything else is pure functions
-over `GpuFacts`, unit-tested for every branch on a CPU machine (tests/test_gpu_support.py).
+over `GpuFacts`, so every branch can be tested on a CPU machine.
 """
 
 from __future__ import annotations

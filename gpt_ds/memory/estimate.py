@@ -9,7 +9,7 @@ Model states follow the ZeRO paper (Rajbhandari et al. 2020; P = parameter count
 weights 2P, 16-bit gradients 2P, fp32 Adam states 12P (master weights 4P + m 4P + v 4P), each
 divided by the data-parallel size N where the stage partitions it (ZeRO-1: optimizer states,
 ZeRO-2: + gradients, ZeRO-3: + weights). Where DeepSpeed 0.19 holds more, this follows it
-(its source; live engines in tests/test_memory_measured.py):
+(read in its source, and checked against live engines):
 
 * The step's fp32 copy of the gradient partition (4P/N; DeepSpeed's "18 = 2 + 4 + 4 + 8").
 * ZeRO-2 keeps the gradient of every tensor overlapping the rank's partition whole.
@@ -573,7 +573,7 @@ def zero3_layout(shape: ModelShape, world: int, settings: ZeroSettings) -> Zero3
 # code's GPT2LMHeadModel (SDPA, dropout 0, torch's tanh GELU: model/gpt2.py use_fused_gelu)
 # with saved-tensor hooks: 36. With dropout 0 no masks are kept (-2); SDPA keeps q, k, v and
 # its output (+2); the GELU keeps its 4h-wide input, as Korthikanti count (transformers'
-# own "gelu_new" keeps four such tensors: 60). tests/test_memory.py re-measures it.
+# own "gelu_new" keeps four such tensors: 60).
 ACT_BYTES_PER_SBH_16BIT = 36
 # SDPA (flash / memory-efficient kernels, on GPU and CPU) never materialises the a x s x s
 # attention matrix: it keeps a log-sum-exp of a*s fp32 values. Eager attention would add

@@ -37,8 +37,8 @@ def usable_cpu_memory(total_bytes: float) -> int:
 
 
 # One CPU-only rank's process before its model (Python, torch, DeepSpeed, transformers; no
-# CUDA libraries): 0.32-0.33 GiB measured (BENCHMARKS.md "Scale", tests/test_startup_memory.py
-# checks it stays below this). The estimate's CPU_BYTES_PER_RANK (2 GiB) is a GPU rank's.
+# CUDA libraries): 0.32-0.33 GiB measured, so half a GiB bounds it. The estimate's
+# CPU_BYTES_PER_RANK (2 GiB) is a GPU rank's.
 CPU_ONLY_RANK_BYTES = GiB // 2
 
 FIXES = (

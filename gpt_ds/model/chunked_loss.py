@@ -8,7 +8,7 @@ needed, the gradients of the hidden states and of the head's weight in the same 
 time, and backward keeps only the two gradients (tokens × width and vocab × width), not the
 logits. The softmax runs in fp32 as in `GPT2LMHeadModel`'s own loss (which upcasts the logits),
 and the gradients are cast to the hidden states' dtype before the matmuls, as autograd does
-there: same value and gradients to float rounding (tests/test_chunked_loss.py compares both).
+there: same value and gradients to float rounding.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ IGNORE_INDEX = -100
 # fp32 logits per chunk. CPU: 16 MiB (~80 tokens of GPT-2's vocabulary) measured fastest here
 # (benchmarks/throughput.py: 64 MiB was 13% slower and 0.1 GiB larger, 4 MiB slower again; the
 # chunk stays in cache). GPU: 256 MiB (~1,300 tokens), so that each chunk's three matmuls are
-# large enough to keep the GPU busy between launches; not yet measured (BENCHMARKS.md).
+# large enough to keep the GPU busy between launches; not yet measured on a GPU.
 CHUNK_LOGIT_BYTES = {"cpu": 16 << 20, "gpu": 256 << 20}
 
 

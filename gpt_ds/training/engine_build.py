@@ -132,7 +132,7 @@ def make_sync_free(engine: Any, precision: str) -> str:
 # `--compile`: torch.compile of the model through the DeepSpeed engine (`engine.compile()`),
 # on GPUs by default (`auto`), where inductor fuses the elementwise passes and cuts the kernels
 # the host launches per step (one H100, GPT-2 124M: 1.24x the eager tokens/s at two thirds of the
-# memory, BENCHMARKS.md); off on CPU ranks, where it gained nothing measured and each launch's
+# memory); off on CPU ranks, where it gained nothing measured and each launch's
 # first iteration would carry the compile.
 #
 # The compiled graphs are built on the first forward and backward, so the first iteration
@@ -146,7 +146,7 @@ def make_sync_free(engine: Any, precision: str) -> str:
 # - full: head, fp32 upcast and cross-entropy in the one graph, for inductor to fuse (as
 #   nanoGPT's compiled `model(idx, targets)`);
 # - deepspeed: dynamo traces DeepSpeed's autograd.Function, forward and backward as written, into
-#   the same graph, no break (tests/test_compile.py, on CPU, where its PyTorch backend runs); on
+#   the same graph, no break (checked on CPU, where its PyTorch backend runs); on
 #   GPUs its Triton kernels enter the graph as user-defined Triton kernels, which torch.compile
 #   supports (not yet run on a GPU);
 # - chunked stays eager (`torch.compiler.disable` in chunked_loss.py): a loop of large matmuls
