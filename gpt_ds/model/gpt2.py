@@ -6,6 +6,7 @@ any inference stack that reads Hugging Face GPT-2.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 
 import torch
@@ -170,6 +171,19 @@ def use_fused_gelu(model) -> None:
             block.mlp.act = ACT2FN["gelu_pytorch_tanh"]
 
 
+def fresh_model(cls: type, config) -> torch.nn.Module:
+    """`cls(config)` with GPT-2's initialisation, drawn once (no throw-away draws in the
+    constructors). A ZeRO-3 build is zero3.py's."""
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        model = cls(config)
+    with torch.no_grad():
+        model.initialize_weights()
+    model.tie_weights()
+    return model
+
+
 def build_model(
     shape: ModelShape,
     dropout: float = 0.0,
@@ -190,18 +204,23 @@ def build_model(
     from transformers import GPT2LMHeadModel
 
     from gpt_ds.model.training_model import GPT2TrainingModel, LossHead
-    from gpt_ds.model.zero3 import fresh_model, hf_zero3
 
     if loss not in (None, *LOSS_KINDS):
         raise ValueError(f"loss {loss!r}: expected one of {LOSS_KINDS} or None")
     cls = GPT2LMHeadModel if loss is None else GPT2TrainingModel
     attention = register_causal_sdpa()
+    if zero3_config is not None:
+        from gpt_ds.model import zero3  # only a ZeRO-3 build
     if init_from == "scratch":
         cfg = gpt2_config(shape, dropout)
         cfg._attn_implementation = attention
-        model = fresh_model(cls, cfg, zero3_config)
+        if zero3_config is None:
+            model = fresh_model(cls, cfg)
+        else:
+            model = zero3.fresh_model(cls, cfg, zero3_config)
     else:
-        with hf_zero3(zero3_config):  # transformers fills the shards as it reads the weights
+        loading = contextlib.nullcontext() if zero3_config is None else zero3.hf_zero3(zero3_config)
+        with loading:  # under ZeRO-3, transformers fills the shards as it reads the weights
             model = cls.from_pretrained(
                 init_from,
                 attn_implementation=attention,

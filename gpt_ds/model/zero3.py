@@ -7,9 +7,10 @@ then initialised the way transformers does it under its DeepSpeed integration: m
 each module's parameters gathered, rank 0 drawing the values, then re-partitioned. Pretrained
 weights go through transformers' own ZeRO-3 loading (`hf_zero3`).
 
-Both paths of `fresh_model` build without transformers' constructor-time init and then
-initialise once from the caller's seed, so the partitioned model's weights equal an unpartitioned
-build's with the same seed (the RNG draws the same values in the same order on rank 0).
+`fresh_model` builds without transformers' constructor-time init and then initialises once
+from the caller's seed, as gpt2.py's unpartitioned `fresh_model` does, so the partitioned
+model's weights equal an unpartitioned build's with the same seed (the RNG draws the same values
+in the same order on rank 0).
 """
 
 from __future__ import annotations
@@ -21,12 +22,9 @@ import torch
 
 
 @contextlib.contextmanager
-def hf_zero3(ds_config: dict | None) -> Iterator[None]:
+def hf_zero3(ds_config: dict) -> Iterator[None]:
     """While open, transformers sees a ZeRO-3 run (its `is_deepspeed_zero3_enabled`): models it
-    builds or loads are partitioned. No-op for None."""
-    if ds_config is None:
-        yield
-        return
+    builds or loads are partitioned."""
     from transformers.integrations import HfDeepSpeedConfig
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
@@ -38,22 +36,15 @@ def hf_zero3(ds_config: dict | None) -> Iterator[None]:
         del keep
 
 
-def fresh_model(cls: type, config, zero3_config: dict | None) -> torch.nn.Module:
-    """`cls(config)` with GPT-2's initialisation, partitioned when `zero3_config` is given."""
+def fresh_model(cls: type, config, zero3_config: dict) -> torch.nn.Module:
+    """`cls(config)` with GPT-2's initialisation, built partitioned: no rank holds it whole."""
+    import deepspeed
     from transformers.initialization import no_init_weights
 
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(no_init_weights())  # no throw-away draws in the constructors
-        if zero3_config is not None:
-            import deepspeed
-
-            stack.enter_context(deepspeed.zero.Init(config_dict_or_path=zero3_config))
-        model = cls(config)
+    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=zero3_config):
+        model = cls(config)  # no throw-away draws in the constructors
     with torch.no_grad():
-        if zero3_config is None:
-            model.initialize_weights()
-        else:
-            initialize_weights_zero3(model)
+        initialize_weights_zero3(model)
     model.tie_weights()
     return model
 

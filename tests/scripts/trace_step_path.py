@@ -1,8 +1,9 @@
 """Which gpt_ds files run between `gpt_ds.train.main()` and DeepSpeed's first optimizer step.
 
 Run as `python tests/scripts/trace_step_path.py OUT.json -- TRAIN_ARGS...` (one process, no
-launcher). A profile hook records the file of every gpt_ds function called (module bodies run
-at import are not calls and are not counted); on the first call of DeepSpeed's
+launcher). A profile hook, in the main thread and every thread the run starts, records the
+file of every gpt_ds function called (module bodies run at import are not calls and are not
+counted); on the first call of DeepSpeed's
 `DeepSpeedEngine.step` it writes the sorted repo-relative paths to OUT.json and exits 0, so
 nothing after the step is traced. Also written: the gpt_ds modules imported by then.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,6 +34,7 @@ def main(out: Path, train_args: list[str]) -> None:
             os.path.join("deepspeed", "runtime", "engine.py")
         ):
             sys.setprofile(None)
+            threading.setprofile(None)
             files = sorted(str(Path(p).relative_to(REPO)) for p in seen)
             modules = sorted(m for m in sys.modules if m.split(".")[0] == "gpt_ds")
             out.write_text(json.dumps({"files": files, "modules": modules}, indent=1))
@@ -40,6 +43,7 @@ def main(out: Path, train_args: list[str]) -> None:
 
     from gpt_ds.train import main as train_main
 
+    threading.setprofile(profile)  # threads the run starts (watchdog, launch watch) count too
     sys.setprofile(profile)
     train_main(train_args)
     sys.setprofile(None)
