@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -13,14 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from support.launch import (
-    REPO,
-    free_port,
-    launch_env,
-    node_launch,
-    remove_shm_buffers,
-)
-from support.zygote import RANK_PIDS_ENV, ZYGOTE_ENV, read_pids
+from support.launch import REPO, deepspeed_command, free_port, launch_env, remove_shm_buffers
 
 
 def status_bytes(pid: int, field: str) -> int:
@@ -65,21 +57,15 @@ class Watched:
 
 
 def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.inf) -> Watched:
-    """`deepspeed --num_gpus RANKS ARGS` on a fresh port (what it runs on one node: DeepSpeed's
-    per-node launcher, support.launch.node_launch), output to `log`, every rank's VmHWM
+    """`deepspeed --num_gpus RANKS ARGS` on a fresh port, output to `log`, every rank's VmHWM
     polled every 0.1 s: the kernel keeps each rank's peak, but only while the rank lives. Past
     `timeout` seconds the launch and every process it started are killed. Its /dev/shm buffers
-    are removed either way. Under the test suite (its zygote serving: the benchmarks' smoke
-    tests) support/node_launcher.py starts the same ranks forked, without each rank's imports;
-    a benchmark run by hand always launches through DeepSpeed's launcher."""
+    are removed either way. The command a user runs, under the test suite too (the benchmarks'
+    smoke tests): its ranks are fresh processes, measured as a user's are."""
     port = free_port()
-    lean = ZYGOTE_ENV in os.environ
-    cmd, env = node_launch(
-        ranks, port, args[0], [str(a) for a in args[1:]], launch_env(), lean=lean
-    )
-    pid_file = log.with_name(log.name + ".pids") if lean else None
-    if pid_file is not None:
-        env[RANK_PIDS_ENV] = str(pid_file)
+    cmd = [*deepspeed_command(), "--num_gpus", str(ranks), "--master_port", str(port)]
+    cmd += [str(a) for a in args]
+    env = launch_env()
     peaks: dict[int, int] = {}
     deadline = time.monotonic() + timeout
     with log.open("w") as f:
@@ -87,7 +73,7 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
         launcher = psutil.Process(proc.pid)
         try:
             while proc.poll() is None and time.monotonic() < deadline:
-                for pid in watched_pids(launcher, pid_file):
+                for pid in (p.pid for p in rank_pids(launcher)):
                     peaks[pid] = max(peaks.get(pid, 0), status_bytes(pid, "VmHWM"))
                 time.sleep(0.1)
         finally:
@@ -99,11 +85,3 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
                 proc.wait()
             remove_shm_buffers("127.0.0.1", port)
     return Watched(cmd, 124 if stopped else proc.returncode, max(peaks.values(), default=0))
-
-
-def watched_pids(launcher: psutil.Process, pid_file: Path | None) -> list[int]:
-    """The launch's rank pids: those support/node_launcher.py wrote to `pid_file` (forked
-    ranks are not its children), else `rank_pids`."""
-    if pid_file is None:
-        return [p.pid for p in rank_pids(launcher)]
-    return read_pids(str(pid_file))
