@@ -13,7 +13,8 @@ import shutil
 import pytest
 import torch
 from deepspeed.runtime import lr_schedules
-from support.launch import TRAIN, run_python, tiny_run_args
+from harness.launch import run_python
+from support.launch import TRAIN, tiny_run_args
 from support.runs import train_losses, train_lrs
 
 from gpt_ds.dsconfig.lr_schedule import with_schedule, wsd_factor

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from support.launch import REPO, deepspeed_command, free_port, launch_env, remove_shm_buffers
+from support.launch import REPO, deepspeed_launch, free_port, launch_env, remove_shm_buffers
 
 
 def status_bytes(pid: int, field: str) -> int:
@@ -63,8 +63,7 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
     are removed either way. The command a user runs, under the test suite too (the benchmarks'
     smoke tests): its ranks are fresh processes, measured as a user's are."""
     port = free_port()
-    cmd = [*deepspeed_command(), "--num_gpus", str(ranks), "--master_port", str(port)]
-    cmd += [str(a) for a in args]
+    cmd = deepspeed_launch(ranks, port, args[0], [str(a) for a in args[1:]], [])
     env = launch_env()
     peaks: dict[int, int] = {}
     deadline = time.monotonic() + timeout
