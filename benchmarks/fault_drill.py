@@ -4,9 +4,9 @@
     python benchmarks/fault_drill.py --kills 10 --seed 3 --max_iters 24
 
 Every launch is the same command, as a requeued job's: `gpt_ds/train.py ... --resume auto
---save_every_minutes M` on 2 CPU ranks (gloo), started as `deepspeed --num_gpus 2` starts it on
-a node: DeepSpeed's per-node launcher and its ranks, one process group (support/faults.py's
-`Launch`, which tests/test_faults.py uses too). Each launch but the last is SIGKILLed, every
+--save_every_minutes M` on 2 CPU ranks (gloo), started by `deepspeed --num_gpus 2`: DeepSpeed's
+runner, its per-node launcher and the ranks, one process group (support/faults.py's `Launch`,
+which tests/test_faults.py uses too). Each launch but the last is SIGKILLed, every
 process at once (a lost node, a hard preemption), at a random moment of one of three kinds,
 each once in every three launches, in random order:
 - "start-up": 0-6 s after the launch, but not past its first logged step (before the lock,
@@ -164,7 +164,6 @@ class Drill:
     max_iters: int
     minutes: float
     rng: random.Random
-    lean: bool = False  # support/node_launcher.py in place of DeepSpeed's (see --lean)
     tally: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TALLY, 0))
     damaged: dict[str, str] = field(default_factory=dict)  # tag -> its saved_at when damaged
     rows: list[tuple] = field(default_factory=list)
@@ -172,9 +171,9 @@ class Drill:
     caught: set[tuple[str, str]] = field(default_factory=set)  # (tag, saved_at) passed over
 
     def launch(self, name: str) -> Launch:
-        """The job's command, started as `deepspeed` starts it on a node (see the docstring)."""
+        """The job's command, started by `deepspeed` (see the docstring)."""
         args = run_args(self.data, self.out, self.max_iters, self.minutes)
-        return Launch(args, self.work / f"{name}.log", runner=False, lean=self.lean)
+        return Launch(args, self.work / f"{name}.log")
 
     def next_mode(self, start: int) -> str:
         """The next kill's kind: each of MODES once in every round of three, in random order;
@@ -291,8 +290,8 @@ def start_up(drill: Drill, run: Launch) -> str:
 
 
 def kill_everything(run: Launch) -> int:
-    """SIGKILL the launch's process group (launcher and ranks) and any rank outside it (a lean
-    launch's, forked by the suite's zygote), back to back; the launch's exit code."""
+    """SIGKILL the launch's process group (runner, launcher and ranks) and each of its
+    processes, back to back; the launch's exit code."""
     procs = run.processes()  # remembered: finish waits for every one of them
     with contextlib.suppress(ProcessLookupError):
         os.killpg(run.proc.pid, signal.SIGKILL)
@@ -356,7 +355,7 @@ def intrude(drill: Drill, run: Launch, k: int) -> str:
     run.wait_for(lambda: live_lock_owner(drill.out) is not None, "the out dir lock")
     args = tiny_run_args(drill.data, drill.out, **MODEL, seed=99)
     with paused(run):
-        intruder = Launch(args, drill.work / f"intruder{k}.log", runner=False, lean=True)
+        intruder = Launch(args, drill.work / f"intruder{k}.log")
         try:
             rc = intruder.finish(timeout=120)
         finally:
@@ -504,12 +503,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max_iters", type=int, default=16)
     p.add_argument("--minutes", type=float, default=0.05, help="--save_every_minutes")
-    p.add_argument(
-        "--lean",
-        action="store_true",
-        help="launch through the test suite's node launcher (the same ranks, seconds less per\n"
-        "launch, forked by the suite's zygote where one serves): the drill's test",
-    )
     p.add_argument("--data_dir", type=Path, help="prepared data (default: Tiny Shakespeare)")
     p.add_argument("--work_dir", type=Path, help="keep runs here (default: a temporary dir)")
     args = p.parse_args(argv)
@@ -533,9 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     data = args.data_dir or prepared_data(work)
     t0 = time.time()
     rng = random.Random(args.seed)
-    ref = Drill(data, work / "uninterrupted", work, args.max_iters, args.minutes, rng, args.lean)
+    ref = Drill(data, work / "uninterrupted", work, args.max_iters, args.minutes, rng)
     run_to_end(ref.launch("uninterrupted"))
-    drill = Drill(data, work / "drilled", work, args.max_iters, args.minutes, rng, args.lean)
+    drill = Drill(data, work / "drilled", work, args.max_iters, args.minutes, rng)
     for k in range(1, args.kills + 1):
         if not kill_round(drill, k):
             break

@@ -1,7 +1,8 @@
 """Shared test set-up: an isolated torch-extensions cache for DeepSpeed's JIT ops, the tools'
 caches in a temp dir (nothing under $HOME), and the session fixtures (prepared data, one
 training run per ZeRO stage) and `launch`, a run in the background. What only tests use lives
-in helpers/; what the benchmarks use too (launches, runs, background runs) in
+in helpers/, the suite's launch machinery (lean launches, the zygote) in harness/; what the
+benchmarks use too (ports, the launches' environment, runs' files, a run in the background) in
 benchmarks/support/, imported as `support.*` (pyproject.toml's pytest `pythonpath` names
 benchmarks/)."""
 
@@ -30,6 +31,15 @@ os.environ.update(
 )
 
 import pytest  # noqa: E402
+from harness.launch import (  # noqa: E402
+    STAGE_RUN_ITERS,
+    Launch,
+    checkout_first,
+    run_deepspeed,
+    run_python,
+    zygote,
+)
+from harness.zygote import ZYGOTE_ENV, differing_variables, read_served  # noqa: E402
 from helpers.compared_runs import compared_run
 from helpers.files import HELLASWAG_MINI
 from helpers.shared import (
@@ -41,18 +51,7 @@ from helpers.shared import (
     shared_folder,
 )
 from helpers.venvs import floor_torch_venv
-from support.faults import Launch  # noqa: E402
-from support.launch import (  # noqa: E402
-    REPO,
-    STAGE_RUN_ITERS,
-    checkout_first,
-    launch_env,
-    run_deepspeed,
-    run_python,
-    tiny_run_args,
-    zygote,
-)
-from support.zygote import ZYGOTE_ENV, differing_variables, read_served  # noqa: E402
+from support.launch import REPO, launch_env, tiny_run_args  # noqa: E402
 
 
 @atexit.register
@@ -133,7 +132,7 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.fixture(scope="session", autouse=True)
 def rank_zygote(tmp_path_factory):
     """One process that imported a rank's modules, forking the ranks of every lean launch
-    (support.launch.zygote); tests/test_node_launcher.py holds its ranks to DeepSpeed's."""
+    (harness.launch.zygote); tests/test_node_launcher.py holds its ranks to DeepSpeed's."""
     session_env = dict(os.environ)
     with zygote(tmp_path_factory.mktemp("zygote")):
         yield session_env
@@ -219,7 +218,7 @@ def launch(tmp_path):
     """`launch(args, name, num_gpus=2, runner=False, lean=False)` starts a run; whatever is left
     is killed afterwards. `runner=True` starts `deepspeed` itself, for the tests of what the
     runner does (signals to it); otherwise DeepSpeed's per-node launcher, as the runner would,
-    or with `lean` the suite's (a run whose test is about the trainer: support.faults.Launch)."""
+    or with `lean` the suite's (a run whose test is about the trainer: harness.launch.Launch)."""
     started: list[Launch] = []
 
     def start(

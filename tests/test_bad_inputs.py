@@ -16,16 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness.launch import run_python, train_fails
 from helpers.messages import assert_names, names
-from support.launch import (
-    REPO,
-    TRAIN,
-    VENV_BIN,
-    launch_env,
-    run_python,
-    tiny_run_args,
-    train_fails,
-)
+from support.launch import REPO, TRAIN, VENV_BIN, launch_env, tiny_run_args
 
 SMALL = {"n_layer": 2, "n_head": 2, "n_embd": 64}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from support.launch import run_benchmark
+from harness.launch import run_benchmark
 
 pytestmark = pytest.mark.bench  # the benchmark smoke tests: `pytest -m bench`
 

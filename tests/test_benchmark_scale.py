@@ -8,7 +8,7 @@ import os
 import re
 
 import pytest
-from support.launch import run_benchmark
+from harness.launch import run_benchmark
 
 pytestmark = pytest.mark.bench  # the benchmark smoke tests: `pytest -m bench`
 

@@ -8,7 +8,8 @@ import re
 import time
 
 import pytest
-from support.launch import REPO, run_benchmark, run_python
+from harness.launch import run_benchmark, run_python
+from support.launch import REPO
 
 pytestmark = pytest.mark.bench  # the benchmark smoke tests: `pytest -m bench`
 

@@ -15,8 +15,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from harness.launch import STAGE_RUN_ITERS, run_deepspeed, run_python
 from helpers.messages import assert_names
-from support.launch import REPO, STAGE_RUN_ITERS, run_deepspeed, run_python, tiny_run_args
+from support.launch import REPO, tiny_run_args
 from support.runs import train_losses
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from harness.launch import run_python
 from helpers.machine import here
 from helpers.messages import assert_names, names
-from support.launch import free_port, launch_env, remove_shm_buffers, run_python
+from support.launch import free_port, launch_env, remove_shm_buffers
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam

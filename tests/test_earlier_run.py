@@ -20,9 +20,10 @@ import signal
 from pathlib import Path
 
 import pytest
+from harness.launch import STAGE_RUN_ITERS, run_deepspeed, run_python
 from helpers.files import file_hashes
 from helpers.messages import assert_names, names
-from support.launch import STAGE_RUN_ITERS, TRAIN, run_deepspeed, run_python, tiny_run_args
+from support.launch import TRAIN, tiny_run_args
 
 from gpt_ds.base.errors import CheckpointError, ConfigError
 from gpt_ds.observe.metrics_file import read_attempts, read_metrics

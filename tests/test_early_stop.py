@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.launch import REPO, run_deepspeed, run_python, tiny_run_args
+from harness.launch import run_deepspeed, run_python
+from support.launch import REPO, tiny_run_args
 from support.runs import val_losses
 
 from gpt_ds.observe.metrics_file import read_metrics

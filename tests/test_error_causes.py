@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.launch import free_port, launch_env, remove_shm_buffers, run_python
+from harness.launch import run_python
+from support.launch import free_port, launch_env, remove_shm_buffers
 
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.checkpointer import Checkpointer, is_disk_error, is_peer_failure

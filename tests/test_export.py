@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support.launch import REPO, STAGE_RUN_ITERS, run_python
+from harness.launch import STAGE_RUN_ITERS, run_python
+from support.launch import REPO
 
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.data.tokens import eval_windows, window_batch

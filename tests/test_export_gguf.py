@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from harness.launch import run_python
 from helpers.messages import assert_names
 from safetensors.torch import load_file
-from support.launch import REPO, launch_env, run_python
+from support.launch import REPO, launch_env
 
 gguf = pytest.importorskip("gguf", reason="the gguf extra: pip install 'gpt_ds[gguf]'")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from support.launch import run_benchmark
+from harness.launch import run_benchmark
 
 pytestmark = pytest.mark.bench  # a benchmark's smoke test: `pytest -m bench`
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.bench  # a benchmark's smoke test: `pytest -m bench`
 def test_a_job_killed_five_times_ends_bit_identical_to_an_uninterrupted_run(
     shakespeare_dir, tmp_path
 ):
-    flags = ("--kills", "5", "--seed", "1", "--max_iters", "12", "--lean")
+    flags = ("--kills", "5", "--seed", "1", "--max_iters", "12")
     proc = run_benchmark(
         "fault_drill", *flags, data_dir=shakespeare_dir, work_dir=tmp_path, timeout=900
     )

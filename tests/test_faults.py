@@ -1,7 +1,7 @@
 """Crashes, preemption, full disks, bad numbers and resizing, with real DeepSpeed ranks on CPU.
 
 Every run here is a real launch (`deepspeed --num_gpus 2 gpt_ds/train.py ...`, or
-`python gpt_ds/train.py` for one rank) started in the background by `support.faults.Launch`, so
+`python gpt_ds/train.py` for one rank) started in the background by `harness.launch.Launch`, so
 a test can kill a rank, signal the launcher, or watch the run's files while it works. Where the
 test is about the trainer (a killed or stopped rank, a full disk), the launch is lean: the
 suite's node launcher with ranks forked by its zygote (`Launch`'s `lean`); where it is about
@@ -11,7 +11,7 @@ References are computed in each test module: uninterrupted runs of the same conf
 
 /dev/shm: DeepSpeed's CPU comm op leaves a ~66 MB buffer per rank of a multi-rank launch (a
 one-process run makes none, measured) that only our ranks remove. Unlike
-`support.launch.run_deepspeed`, `Launch` removes a run's buffers only at teardown, after the
+`harness.launch.run_deepspeed`, `Launch` removes a run's buffers only at teardown, after the
 test has looked: each 2-rank test asserts that nothing of its run is left after a normal end, an
 error exit after start-up (non-finite loss, full disk) and a SIGTERM/SIGINT stop. A SIGKILLed
 rank cannot remove its buffer: those tests assert that exactly the killed ranks' buffers
@@ -46,9 +46,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from harness.launch import Launch
 from helpers.messages import assert_names, names
 from helpers.system import mount, umount
-from support.faults import Launch
 from support.launch import REPO, launch_env, tiny_run_args
 from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 

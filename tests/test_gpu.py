@@ -15,7 +15,8 @@ import shutil
 
 import pytest
 import torch
-from support.launch import REPO, launch_env, run_deepspeed, run_python, tiny_run_args
+from harness.launch import run_deepspeed, run_python
+from support.launch import REPO, launch_env, tiny_run_args
 from support.runs import consolidated_model, train_losses
 
 from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam

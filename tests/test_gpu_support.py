@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from harness.launch import run_python
 from helpers.messages import assert_names
-from support.launch import TRAIN, launch_env, run_python, tiny_run_args
+from support.launch import TRAIN, launch_env, tiny_run_args
 
 from gpt_ds.launch.checks import Check, gpu_check
 from gpt_ds.launch.gpu_support import (

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from harness.launch import run_deepspeed
 from helpers.compared_runs import (
     BASE,
     ITERS,
@@ -22,7 +23,7 @@ from helpers.compared_runs import (
     assert_weights_close,
 )
 from helpers.messages import assert_names
-from support.launch import run_deepspeed, tiny_run_args
+from support.launch import tiny_run_args
 from support.runs import consolidated_model, train_losses, train_lrs, val_losses
 
 from gpt_ds.base.errors import DataError

@@ -11,16 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness.launch import STAGE_RUN_ITERS, run_deepspeed, run_python, train_fails
 from helpers.files import HELLASWAG_MINI
 from helpers.hellaswag import reference_losses, reference_scores
-from support.launch import (
-    REPO,
-    STAGE_RUN_ITERS,
-    run_deepspeed,
-    run_python,
-    tiny_run_args,
-    train_fails,
-)
+from support.launch import REPO, tiny_run_args
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt_ds.base.errors import DataError

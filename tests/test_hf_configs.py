@@ -15,9 +15,10 @@ import math
 from pathlib import Path
 
 import pytest
+from harness.launch import run_deepspeed
 from helpers.machine import here
 from helpers.messages import assert_names
-from support.launch import run_deepspeed, tiny_run_args
+from support.launch import tiny_run_args
 from support.runs import train_losses, train_lrs
 
 from gpt_ds.base.errors import ConfigError

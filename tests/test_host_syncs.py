@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.launch import run_deepspeed
+from harness.launch import run_deepspeed
 from torch.profiler import ProfilerActivity, profile
 from transformers import GPT2LMHeadModel
 from transformers.activations import GELUTanh, NewGELUActivation

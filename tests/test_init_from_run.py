@@ -9,16 +9,9 @@ import json
 import shutil
 
 import pytest
+from harness.launch import STAGE_RUN_ITERS, run_deepspeed, run_python, train_fails
 from helpers.messages import assert_names
-from support.launch import (
-    REPO,
-    STAGE_RUN_ITERS,
-    TRAIN,
-    run_deepspeed,
-    run_python,
-    tiny_run_args,
-    train_fails,
-)
+from support.launch import REPO, TRAIN, tiny_run_args
 from support.runs import train_lrs, val_losses
 
 from gpt_ds.base import cli

@@ -20,15 +20,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from harness.launch import run_checked
 from helpers.messages import assert_names
-from support.launch import (
-    REPO,
-    free_port,
-    launch_env,
-    remove_shm_buffers,
-    run_checked,
-    tiny_run_args,
-)
+from support.launch import REPO, free_port, launch_env, remove_shm_buffers, tiny_run_args
 
 pytestmark = pytest.mark.slow
 

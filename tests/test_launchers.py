@@ -17,14 +17,7 @@ import pytest
 from helpers.files import file_hashes
 from helpers.messages import assert_names
 from helpers.system import Unavailable, ensure_packages
-from support.launch import (
-    REPO,
-    VENV_BIN,
-    free_port,
-    launch_env,
-    remove_shm_buffers,
-    tiny_run_args,
-)
+from support.launch import REPO, VENV_BIN, free_port, launch_env, remove_shm_buffers, tiny_run_args
 
 LAUNCHERS = REPO / "launchers"
 

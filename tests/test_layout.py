@@ -2,8 +2,10 @@
 it), few modules beside them, an import graph without cycles in which nothing imports the entry
 point, a short path from `main()` to the optimizer step (few modules imported, few files run),
 a layout table (docs/development.md) that lists every subpackage, and tests that import
-helpers, never other tests. Modules and functions have no line caps: a module is as long as its
-one job."""
+helpers, never other tests. Beside the package: every module of benchmarks/support/ serves a
+benchmark, the benchmarks launch through the `deepspeed` command a user runs (never the suite's
+lean launcher or zygote, tests/harness/), and the tests through that harness. Modules and
+functions have no line caps: a module is as long as its one job."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.launch import run_python, tiny_run_args
+from harness.launch import run_python
+from support.launch import tiny_run_args
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "gpt_ds"
@@ -193,8 +197,106 @@ def test_benchmarks_import_their_support_not_the_tests_nor_each_other():
                 top = node.names[0].name.split(".")[0]
             else:
                 continue
-            if top == "helpers" or top in scripts:
+            if top in ("helpers", "harness") or top in scripts:
                 offenders.append(f"{path.relative_to(REPO)}: imports {top}")
+    assert offenders == []
+
+
+def support_imports(path: Path) -> set[str]:
+    """The benchmarks/support/ modules `path` imports (`support.X`, at any depth of the file)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "support":
+            names = [f"support.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found |= {n.split(".")[1] for n in names if n.startswith("support.")}
+    return found
+
+
+def test_every_benchmark_support_module_serves_a_benchmark():
+    """Each module of benchmarks/support/ is imported by a benchmark script, itself or through
+    another support module: what only the tests use lives in tests/ (helpers/, harness/)."""
+    support = REPO / "benchmarks" / "support"
+    reached: set[str] = set()
+    todo = sorted((REPO / "benchmarks").glob("*.py"))
+    while todo:
+        for name in support_imports(todo.pop()) - reached:
+            reached.add(name)
+            todo.append(support / f"{name}.py")
+    modules = {p.stem for p in support.glob("*.py")} - {"__init__"}
+    assert sorted(modules - reached) == [], "benchmarks/support/ modules no benchmark imports"
+
+
+def code_words(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, word) of a module's code: names, attributes, keywords, imported modules and the
+    string literals that are not docstrings (a docstring may say what the code does not do)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docstrings:
+                yield node.lineno, node.value
+        elif isinstance(node, ast.Name):
+            yield node.lineno, node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.lineno, node.attr
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield node.lineno, node.arg
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.lineno, node.module
+        elif isinstance(node, ast.alias):
+            yield node.lineno, node.name
+
+
+# The test suite's launch shortcuts, as code would name them: its lean node launcher, the
+# zygote that forks its ranks, the option that chose them
+SUITE_SHORTCUTS = re.compile(r"node_launcher|zygote|harness|\blean\b", re.I)
+
+
+def test_benchmarks_launch_through_the_deepspeed_command():
+    """A benchmark measures what a user runs: its launches are the `deepspeed` command
+    (support/launch.py's `deepspeed_command`), never the suite's lean node launcher or its
+    zygote, nor DeepSpeed's per-node launcher without its runner (`-m
+    deepspeed.launcher.launch`)."""
+    offenders = []
+    for path in sorted((REPO / "benchmarks").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for line, word in code_words(tree):
+            if SUITE_SHORTCUTS.search(word):
+                offenders.append(f"{path.relative_to(REPO)}:{line}: {word}")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.List, ast.Tuple)):
+                items = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+                pairs = zip(items, items[1:], strict=False)
+                if ("-m", "deepspeed.launcher.launch") in pairs:
+                    offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: -m launcher.launch")
+    assert offenders == []
+
+
+def test_tests_launch_through_the_suites_launcher():
+    """Tests take `run_deepspeed`, `run_python` and `Launch` from tests/harness/launch.py (the
+    lean node launcher, ranks forked by the zygote), not benchmarks/support/'s, which start
+    what a user's `deepspeed` does and cost the suite seconds a launch."""
+    slow = {"run_deepspeed", "run_python", "Launch"}
+    offenders = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if "harness" in path.relative_to(REPO / "tests").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("support"):
+                found = slow & {a.name for a in node.names}
+                offenders += [f"{path.relative_to(REPO)}: {n} from {node.module}" for n in found]
     assert offenders == []
 
 

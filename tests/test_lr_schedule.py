@@ -13,8 +13,9 @@ import shutil
 import pytest
 import torch
 from deepspeed.runtime import lr_schedules
+from harness.launch import run_python
 from helpers.machine import here
-from support.launch import TRAIN, run_python, tiny_run_args
+from support.launch import TRAIN, tiny_run_args
 from support.runs import train_losses, train_lrs
 
 from gpt_ds.dsconfig.lr_schedule import with_schedule, wsd_factor

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness.launch import train_fails
 from helpers.messages import assert_names, names
-from support.launch import tiny_run_args, train_fails
+from support.launch import tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, DeepSpeedRun, GiB, estimate_run

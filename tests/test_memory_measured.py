@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.launch import REPO, run_deepspeed
+from harness.launch import run_deepspeed
+from support.launch import REPO
 
 CONFIGS = ["0:bf16", "1:bf16", "2:bf16", "3:bf16", "1:fp32", "2:fp32", "3:fp32"]
 TOLERANCE = 0.10

@@ -10,8 +10,9 @@ import shutil
 
 import numpy as np
 import pytest
+from harness.launch import run_deepspeed, run_python, train_fails
 from helpers.messages import assert_names
-from support.launch import REPO, run_deepspeed, run_python, tiny_run_args, train_fails
+from support.launch import REPO, tiny_run_args
 from support.runs import train_losses
 
 from gpt_ds.base.errors import ConfigError

@@ -10,9 +10,10 @@ import re
 from pathlib import Path
 
 import pytest
+from harness.launch import run_deepspeed, run_python
 from helpers.files import HELLASWAG_MINI
 from helpers.messages import assert_names
-from support.launch import launch_env, run_deepspeed, run_python, tiny_run_args
+from support.launch import launch_env, tiny_run_args
 
 from gpt_ds.observe.metrics import format_duration
 from gpt_ds.observe.metrics_file import read_metrics

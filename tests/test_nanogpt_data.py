@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness.launch import run_deepspeed
 from helpers.compared_runs import BASE, ITERS, assert_losses_close
-from support.launch import run_deepspeed, tiny_run_args
+from support.launch import tiny_run_args
 from support.runs import train_losses, val_losses
 
 from gpt_ds.base.errors import DataError

@@ -1,4 +1,4 @@
-"""The tests' per-node launcher (benchmarks/support/node_launcher.py) against DeepSpeed's own
+"""The tests' per-node launcher (tests/harness/node_launcher.py) against DeepSpeed's own
 (deepspeed/launcher/launch.py): the tests' launches start the former, so each rank must get the
 same arguments and environment, and a failing rank must end the launch the same way."""
 
@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.launch import free_port, launch_env, node_launch
+from harness.launch import node_launch
+from support.launch import free_port, launch_env
 
 # A rank that records what it was given, waits until every rank has, then does what PROBE_ACT
 # says for its rank.

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.launch import REPO, STAGE_RUN_ITERS
+from harness.launch import STAGE_RUN_ITERS
+from support.launch import REPO
 
 from gpt_ds.base.errors import GptDsError
 from gpt_ds.commands.plot_metrics import main

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 from deepspeed.accelerator import get_accelerator
+from harness.launch import run_deepspeed
 from helpers.machine import here
 from helpers.messages import assert_names, names
-from support.launch import run_deepspeed, tiny_run_args
+from support.launch import tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.precision import (

@@ -7,7 +7,8 @@ import json
 
 import pytest
 import torch
-from support.launch import STAGE_RUN_ITERS, run_deepspeed, tiny_run_args
+from harness.launch import STAGE_RUN_ITERS, run_deepspeed
+from support.launch import tiny_run_args
 from support.runs import train_losses
 
 from gpt_ds.observe.profile import (

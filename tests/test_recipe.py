@@ -9,7 +9,8 @@ import shlex
 
 import pytest
 import torch
-from support.launch import REPO, run_deepspeed, run_python
+from harness.launch import run_deepspeed, run_python
+from support.launch import REPO
 
 from gpt_ds.observe.metrics_file import read_metrics
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness.launch import run_deepspeed
 from helpers.files import HELLASWAG_MINI
-from support.launch import REPO, planned, run_deepspeed
+from support.launch import REPO, planned
 
 from gpt_ds.base.flag_file import load_flag_file
 from gpt_ds.commands.pick_preset import main as pick_preset

@@ -8,8 +8,9 @@ import json
 import math
 
 import pytest
+from harness.launch import run_python
 from helpers.messages import assert_names
-from support.launch import TRAIN, run_python, tiny_run_args
+from support.launch import TRAIN, tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, run_length

@@ -17,8 +17,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from harness.launch import STAGE_RUN_ITERS, run_deepspeed, run_python
 from helpers.messages import assert_names
-from support.launch import REPO, STAGE_RUN_ITERS, run_deepspeed, run_python, tiny_run_args
+from support.launch import REPO, tiny_run_args
 from support.runs import train_losses
 
 from gpt_ds.base.errors import CheckpointError

@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from harness.launch import run_checked
 from helpers.venvs import declared_floors, pip_installs, venv_copy
-from support.launch import REPO, TRAIN, launch_env, run_checked, tiny_run_args
+from support.launch import REPO, TRAIN, launch_env, tiny_run_args
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from support.launch import run_deepspeed, tiny_run_args
+from harness.launch import run_deepspeed
+from support.launch import tiny_run_args
 
 from gpt_ds.memory.guard import CPU_ONLY_RANK_BYTES
 from gpt_ds.model.gpt2 import MODEL_PRESETS, padded_vocab

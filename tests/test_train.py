@@ -13,9 +13,10 @@ import re
 import numpy as np
 import pytest
 import torch
+from harness.launch import run_deepspeed, run_python
 from helpers.files import HELLASWAG_MINI
 from helpers.hellaswag import reference_scores
-from support.launch import REPO, run_deepspeed, run_python, tiny_run_args
+from support.launch import REPO, tiny_run_args
 from support.runs import consolidated_model, train_losses
 
 from gpt_ds.observe.metrics_file import read_metrics

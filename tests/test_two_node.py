@@ -26,14 +26,7 @@ import pytest
 from helpers.compared_runs import BASE, ITERS, WHOLE, compared_run
 from helpers.shared import shared_folder
 from helpers.sshd import sshd_fixture
-from support.launch import (
-    REPO,
-    VENV_BIN,
-    free_port,
-    launch_env,
-    remove_shm_buffers,
-    tiny_run_args,
-)
+from support.launch import REPO, VENV_BIN, free_port, launch_env, remove_shm_buffers, tiny_run_args
 from support.runs import train_losses, val_losses
 
 from gpt_ds.observe.metrics_file import read_metrics

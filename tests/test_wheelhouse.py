@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness.launch import run_checked
 from helpers.venvs import pip_installs, venv_copy
-from support.launch import REPO, run_checked
+from support.launch import REPO
 
 from gpt_ds.launch.wheelhouse import (
     canonical,

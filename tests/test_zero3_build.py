@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.launch import run_deepspeed, tiny_run_args
+from harness.launch import run_deepspeed
+from support.launch import tiny_run_args
 
 from gpt_ds.model.gpt2 import build_model, padded_vocab, resolve_shape
 

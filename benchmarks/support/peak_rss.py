@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -14,14 +13,7 @@ from pathlib import Path
 import psutil
 
 from gpt_ds.base import processes
-from support.launch import (
-    REPO,
-    free_port,
-    launch_env,
-    node_launch,
-    remove_shm_buffers,
-)
-from support.zygote import RANK_PIDS_ENV, ZYGOTE_ENV, read_pids
+from support.launch import REPO, deepspeed_launch, free_port, launch_env, remove_shm_buffers
 
 
 def status_bytes(pid: int, field: str) -> int:
@@ -61,26 +53,19 @@ class Watched:
 
 
 def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.inf) -> Watched:
-    """`deepspeed --num_gpus RANKS ARGS` on a fresh port (what it runs on one node: DeepSpeed's
-    per-node launcher, support.launch.node_launch), output to `log`, every rank's VmHWM
+    """`deepspeed --num_gpus RANKS ARGS` on a fresh port, output to `log`, every rank's VmHWM
     polled every 0.1 s: the kernel keeps each rank's peak, but only while the rank lives. Past
     `timeout` seconds the launch and every process it started are killed. Its /dev/shm buffers
-    are removed either way. Under the test suite (its zygote serving: the benchmarks' smoke
-    tests) support/node_launcher.py starts the same ranks forked, without each rank's imports;
-    a benchmark run by hand always launches through DeepSpeed's launcher."""
+    are removed either way. The command a user runs, under the test suite too (the benchmarks'
+    smoke tests): its ranks are fresh processes, measured as a user's are."""
     port = free_port()
-    lean = ZYGOTE_ENV in os.environ
-    cmd, env = node_launch(
-        ranks, port, args[0], [str(a) for a in args[1:]], launch_env(), lean=lean
-    )
-    pid_file = log.with_name(log.name + ".pids") if lean else None
-    if pid_file is not None:
-        env[RANK_PIDS_ENV] = str(pid_file)
+    cmd = deepspeed_launch(ranks, port, args[0], [str(a) for a in args[1:]], [])
+    env = launch_env()
     deadline = time.monotonic() + timeout
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
         launcher = psutil.Process(proc.pid)
-        peaks = processes.PeakSampler("VmHWM", lambda: watched_pids(launcher, pid_file))
+        peaks = processes.PeakSampler("VmHWM", lambda: [p.pid for p in rank_pids(launcher)])
         try:
             while proc.poll() is None and time.monotonic() < deadline:
                 peaks.sample()
@@ -94,11 +79,3 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
                 proc.wait()
             remove_shm_buffers("127.0.0.1", port)
     return Watched(cmd, 124 if stopped else proc.returncode, peaks.peak_bytes or 0)
-
-
-def watched_pids(launcher: psutil.Process, pid_file: Path | None) -> list[int]:
-    """The launch's rank pids: those support/node_launcher.py wrote to `pid_file` (forked
-    ranks are not its children), else `rank_pids`."""
-    if pid_file is None:
-        return [p.pid for p in rank_pids(launcher)]
-    return read_pids(str(pid_file))

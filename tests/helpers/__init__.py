@@ -9,8 +9,9 @@
   facts, each whole; tests assert those, not sentences, so a rewording breaks none.
 
 Tests import these as `helpers.*` (pytest puts tests/ on sys.path: rootdir conftest, no
-tests/__init__.py). What the benchmarks share with the tests (launches, runs, background runs
-to kill) lives in benchmarks/support/, imported as `support.*` (pyproject.toml's pytest
-`pythonpath` names benchmarks/). Nothing here imports a test module or conftest. Scripts that tests
-launch as processes live in tests/scripts/.
+tests/__init__.py). The suite's launch machinery (lean launches, the zygote) lives in
+tests/harness/, imported as `harness.*`; what the benchmarks share with the tests (ports, the
+launches' environment, runs' files, background runs to kill) in benchmarks/support/, imported as
+`support.*` (pyproject.toml's pytest `pythonpath` names benchmarks/). Nothing here imports a test
+module or conftest. Scripts that tests launch as processes live in tests/scripts/.
 """

@@ -13,7 +13,8 @@ import math
 from pathlib import Path
 
 import torch
-from support.launch import run_deepspeed, tiny_run_args
+from harness.launch import run_deepspeed
+from support.launch import tiny_run_args
 from support.runs import consolidated_model, train_losses
 
 from helpers.shared import made_once

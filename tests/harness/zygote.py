@@ -7,8 +7,8 @@ each rank from itself, so a rank starts in milliseconds. The ranks are still sep
 with their own process group, environment, arguments and standard streams, run from the
 script's first line as `python -u script args` would.
 
-support/node_launcher.py (a lean launch's ranks), support.launch.run_python (a script) and
-support.faults.Launch (a one-rank lean run) ask it when GPT_DS_TEST_ZYGOTE names its socket (the
+node_launcher.py (a lean launch's ranks), harness.launch.run_python (a script) and
+harness.launch.Launch (a one-rank lean run) ask it when GPT_DS_TEST_ZYGOTE names its socket (the
 suite's conftest starts one per session) and `serving` finds their environment the one this
 process imported under; otherwise they start fresh processes.
 
@@ -19,7 +19,7 @@ exit status as `subprocess` gives it) when the rank is gone. A connection that c
 (its launcher was killed) takes its rank with it (SIGKILL).
 
 Run as `python -u zygote.py SOCKET`; `python -u zygote.py run SCRIPT args` has it run one
-process in the caller's place (support.faults.Launch's one-rank lean runs). The server must
+process in the caller's place (harness.launch.Launch's one-rank lean runs). The server must
 not start a thread before it forks (nothing it imports does: checked at start-up).
 """
 
@@ -50,8 +50,8 @@ PRELOAD = (
 )
 # The variable that names a zygote's socket to the processes that may ask it for ranks.
 ZYGOTE_ENV = "GPT_DS_TEST_ZYGOTE"
-# Where set, the file support/node_launcher.py writes its ranks' pids to, a line each, once all
-# started: forked ranks are the zygote's children, not the launcher's (support/peak_rss.py).
+# Where set, the file node_launcher.py writes its ranks' pids to, a line each, once all
+# started: forked ranks are the zygote's children, not the launcher's (harness.launch.Launch).
 RANK_PIDS_ENV = "GPT_DS_NODE_LAUNCHER_PIDS"
 # Variables read while those modules are imported: a launch that sets them otherwise gets
 # fresh processes (`serving` compares them).

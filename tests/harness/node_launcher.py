@@ -4,12 +4,13 @@ torch nor deepspeed.
 
 `python -m deepspeed.launcher.launch` imports deepspeed, and with it torch, before it starts a
 rank (2.4 s here), polls its ranks once a second and sleeps a second more once they are gone:
-about 4.5 s of a 2-iteration launch that takes 17. The tests' launches (support.launch's
+about 4.5 s of a 2-iteration launch that takes 17. The tests' launches (harness.launch's
 `run_deepspeed`) start this instead; tests/test_node_launcher.py holds it to DeepSpeed's launcher
 (each rank's environment and arguments, the exit status when a rank fails), and what only
 DeepSpeed's launcher does stays tested through it (tests/test_faults.py's `Launch`, the runner's
-tests). Run as a script (`python -u node_launcher.py --world_info=... script args`): it imports
-nothing from support, so nothing heavy.
+tests). The benchmarks never start it: they launch through the `deepspeed` command. Run as a
+script (`python -u node_launcher.py --world_info=... script args`): it imports only its sibling
+zygote.py, so nothing heavy.
 """
 
 from __future__ import annotations
