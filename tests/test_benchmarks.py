@@ -41,6 +41,7 @@ def test_throughput_benchmark_prints_every_row(shakespeare_dir, tmp_path):
         # the default rows (--compile is tests/test_compile.py's: it compiles for long here)
         data_dir=shakespeare_dir,
         work_dir=tmp_path,
+        timeout=1200,  # nine launches of the real `deepspeed` command, each with fresh ranks
     )  # fmt: skip
     rows = re.findall(r"^\| (.+?) \| ([\d,]+) \| .* \| ([\d.]+) GiB \| ([\d.]+) \| ([\d.]+) \|$",
                       proc.stdout, re.M)  # fmt: skip
