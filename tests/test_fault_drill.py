@@ -19,7 +19,7 @@ def test_a_job_killed_five_times_ends_bit_identical_to_an_uninterrupted_run(
 ):
     flags = ("--kills", "5", "--seed", "1", "--max_iters", "12")
     proc = run_benchmark(
-        "fault_drill", *flags, data_dir=shakespeare_dir, work_dir=tmp_path, timeout=900
+        "fault_drill", *flags, data_dir=shakespeare_dir, work_dir=tmp_path, timeout=1500
     )
     out = proc.stdout
     rows = out.split("| kills |")[0]
