@@ -184,6 +184,8 @@ def test_the_trainer_refuses_a_malformed_file_before_anything_starts(shakespeare
 
 def test_a_block_too_short_for_every_ending_is_refused_at_planning():
     """A 4-token block leaves no ending room for a context token: nothing to score."""
+    notes: list[str] = []
     with pytest.raises(DataError) as caught:
-        hellaswag_rows(str(MINI), block_size=4)
+        hellaswag_rows(str(MINI), block_size=4, notes=notes)
+    assert notes == []  # refused: nothing said of examples that will not be scored
     assert str(MINI) in str(caught.value) and "4 tokens or more" in str(caught.value)
