@@ -51,7 +51,7 @@ _DEEPSPEED_AUTOS = ("data_types.keep_in_fp32_modules",)
 
 
 # Monitor sections whose package DeepSpeed imports only inside deepspeed.initialize.
-_MONITOR_PACKAGES = {
+MONITOR_PACKAGES = {
     "tensorboard": ("tensorboard", None),
     "wandb": ("wandb", None),
     "comet": ("comet_ml", (3, 41, 0)),
@@ -358,7 +358,7 @@ class _Resolver:
             )
 
     def monitors(self) -> None:
-        for section, (package, min_version) in _MONITOR_PACKAGES.items():
+        for section, (package, min_version) in MONITOR_PACKAGES.items():
             if not self.ds_config.get(section, {}).get("enabled"):
                 continue
             version = self.facts.monitors.get(package)

@@ -171,15 +171,26 @@ def use_fused_gelu(model) -> None:
             block.mlp.act = ACT2FN["gelu_pytorch_tanh"]
 
 
-def fresh_model(cls: type, config) -> torch.nn.Module:
-    """`cls(config)` with GPT-2's initialisation, drawn once (no throw-away draws in the
-    constructors). A ZeRO-3 build is zero3.py's."""
+def fresh_model(cls: type, config, zero3_config: dict | None = None) -> torch.nn.Module:
+    """`cls(config)` with GPT-2's initialisation, drawn once from the caller's seed (no
+    throw-away draws in the constructors); built partitioned when `zero3_config` is given
+    (zero3.py: no rank holds it whole), with the same weights as an unpartitioned build."""
     from transformers.initialization import no_init_weights
 
-    with no_init_weights():
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(no_init_weights())
+        if zero3_config is not None:
+            import deepspeed
+
+            stack.enter_context(deepspeed.zero.Init(config_dict_or_path=zero3_config))
         model = cls(config)
     with torch.no_grad():
-        model.initialize_weights()
+        if zero3_config is None:
+            model.initialize_weights()
+        else:
+            from gpt_ds.model.zero3 import initialize_weights_zero3  # only a ZeRO-3 build
+
+            initialize_weights_zero3(model)
     model.tie_weights()
     return model
 
@@ -214,10 +225,7 @@ def build_model(
     if init_from == "scratch":
         cfg = gpt2_config(shape, dropout)
         cfg._attn_implementation = attention
-        if zero3_config is None:
-            model = fresh_model(cls, cfg)
-        else:
-            model = zero3.fresh_model(cls, cfg, zero3_config)
+        model = fresh_model(cls, cfg, zero3_config)
     else:
         loading = contextlib.nullcontext() if zero3_config is None else zero3.hf_zero3(zero3_config)
         with loading:  # under ZeRO-3, transformers fills the shards as it reads the weights

@@ -7,10 +7,10 @@ then initialised the way transformers does it under its DeepSpeed integration: m
 each module's parameters gathered, rank 0 drawing the values, then re-partitioned. Pretrained
 weights go through transformers' own ZeRO-3 loading (`hf_zero3`).
 
-`fresh_model` builds without transformers' constructor-time init and then initialises once
-from the caller's seed, as gpt2.py's unpartitioned `fresh_model` does, so the partitioned
-model's weights equal an unpartitioned build's with the same seed (the RNG draws the same values
-in the same order on rank 0).
+gpt2.py's `fresh_model` builds without transformers' constructor-time init (under
+`deepspeed.zero.Init` here) and then initialises once from the caller's seed
+(`initialize_weights_zero3` here), so the partitioned model's weights equal an unpartitioned
+build's with the same seed (the RNG draws the same values in the same order on rank 0).
 """
 
 from __future__ import annotations
@@ -34,19 +34,6 @@ def hf_zero3(ds_config: dict) -> Iterator[None]:
     finally:
         unset_hf_deepspeed_config()
         del keep
-
-
-def fresh_model(cls: type, config, zero3_config: dict) -> torch.nn.Module:
-    """`cls(config)` with GPT-2's initialisation, built partitioned: no rank holds it whole."""
-    import deepspeed
-    from transformers.initialization import no_init_weights
-
-    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=zero3_config):
-        model = cls(config)  # no throw-away draws in the constructors
-    with torch.no_grad():
-        initialize_weights_zero3(model)
-    model.tie_weights()
-    return model
 
 
 def initialize_weights_zero3(model) -> None:

@@ -12,12 +12,10 @@ from importlib import metadata
 from gpt_ds.base import dist
 from gpt_ds.dsconfig.optimizer import adam_facts
 from gpt_ds.dsconfig.precision import detect_precision, precision_refusal
+from gpt_ds.dsconfig.resolve import MONITOR_PACKAGES
 from gpt_ds.dsconfig.settings import MachineFacts
 from gpt_ds.launch.gpu_support import check_gpu_support
 from gpt_ds.memory.guard import node_ram
-
-# Packages whose monitor section DeepSpeed imports only inside deepspeed.initialize.
-MONITOR_PACKAGES = ("tensorboard", "wandb", "comet_ml")
 
 
 def probe_machine(local_rank: int = 0) -> MachineFacts:
@@ -39,7 +37,7 @@ def probe_machine(local_rank: int = 0) -> MachineFacts:
         precision=detect_precision(),
         fp16_refusal=precision_refusal("fp16"),
         adam=adam_facts(offload=False),
-        monitors={name: _installed_version(name) for name in MONITOR_PACKAGES},
+        monitors={pkg: _installed_version(pkg) for pkg, _ in MONITOR_PACKAGES.values()},
         device_bytes=torch.cuda.get_device_properties(local_rank).total_memory if on_gpu else None,
         device_name=torch.cuda.get_device_name(local_rank) if on_gpu else None,
         compile_blocker=compile_blocker(device_type),

@@ -62,7 +62,6 @@ class RunPlan:
     config as the user gave it, and what was computed from it, apart."""
 
     cfg: RunConfig  # what the user asked, never rewritten
-    length: RunLength  # the steps it trains, from --max_iters or a token/epoch budget
     shape: ModelShape
     ds: ResolvedDsConfig
     data: DataMix
@@ -74,6 +73,12 @@ class RunPlan:
     notes: tuple[str, ...] = ()  # the plan's lines for the log, in order
     run_id: str = ""  # this launch, in every metrics record and checkpoint (run/lock.py)
     hellaswag: Rendered | None = None  # --hellaswag's examples, checked and rendered
+
+    @property
+    def length(self) -> RunLength:
+        """The steps it trains, from --max_iters or a token/epoch budget (the resolution's)."""
+        assert self.ds.length is not None  # plan_run's settings carry the run's length flags
+        return self.ds.length
 
     @property
     def resumes_universal(self) -> bool:
@@ -148,7 +153,6 @@ def plan_run(
     notes += [ds.length.line] if ds.length.line else []
     return RunPlan(
         cfg=cfg,
-        length=ds.length,
         shape=shape,
         ds=ds,
         data=data,
