@@ -3,6 +3,7 @@ package (the export's anonymous memory, the benchmarks' ranks), against what /pr
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -40,14 +41,23 @@ def test_a_live_process_has_facts_and_a_gone_one_none():
     assert status_bytes("self", "NoSuchField") is None
 
 
+def fresh_pages(size: int) -> mmap.mmap:
+    """`size` bytes of new anonymous memory, every page written. Its own mapping, not the heap:
+    a long-lived worker's heap may hold freed pages that are already resident."""
+    block = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for offset in range(0, size, mmap.PAGESIZE):
+        block[offset] = 1
+    return block
+
+
 def test_the_sampler_sees_a_peak_the_kernel_does_not_keep():
     """RssAnon has no high-water mark: 64 MiB held for 0.2 s and freed shows in the sampled
     peak, not in the value read afterwards."""
     with PeakSampler("RssAnon") as anon:
         before = status_bytes("self", "RssAnon")
-        block = b"\x01" * (64 << 20)  # written: every page touched (zeroed memory may not be)
+        block = fresh_pages(64 << 20)
         time.sleep(0.2)
-        del block
+        block.close()
         time.sleep(0.05)
     assert before is not None and anon.peak_bytes is not None
     assert anon.peak_bytes >= before + (48 << 20)
