@@ -5,7 +5,7 @@
 #   GPT_DS_TORCH_SPEC="torch==2.13.0 --index-url <your ROCm wheel index>" bash launchers/setup_env.sh
 #
 # GPT_DS_VENV: where the environment goes (default .venv); GPT_DS_PYTHON: the interpreter that
-# creates it (default python3). The older names without GPT_DS_ still work, said.
+# creates it (default python3); GPT_DS_BUILD_OPS=0: leave DeepSpeed's ops to their first use. The older names without GPT_DS_ still work, said.
 # torch is installed first, pinned, so that pip never resolves an open range to a different
 # build; the package's own range is then already satisfied. Idempotent: re-running is fast.
 set -euo pipefail
@@ -73,6 +73,11 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     "$venv/bin/pip" install --quiet $torch_spec
 fi
 "$venv/bin/pip" install --quiet -e '.[dev,bench,monitor,plot,data,gguf,eval]'
+# DeepSpeed JIT-builds some ops at their first use (CPU ranks' all-reduce, CPU Adam, FusedAdam):
+# built here once, so that no launch waits minutes for a compiler. GPT_DS_BUILD_OPS=0 skips it.
+if [ "${GPT_DS_BUILD_OPS:-1}" != 0 ]; then
+    "$venv/bin/python" -m gpt_ds.launch.ops
+fi
 "$venv/bin/python" - <<'PY'
 import deepspeed, torch, transformers
 print(f"ready: torch {torch.__version__}, deepspeed {deepspeed.__version__}, "
