@@ -17,3 +17,4 @@ _.is_custom_code  # transformers' PreTrainedModel hook (model/training_model.py)
 _.__class__  # the training model's class swap, read by Python itself
 _.mask_nan_or_inf_with_val_inplace  # DeepSpeed's function, replaced (training/engine_build.py)
 _.is_invalid_grad_norm  # DeepSpeed's function, replaced (training/engine_build.py)
+_.use_muon  # read by DeepSpeed's Muon: the engine's _muon_param_groups (model/gpt2.py)

@@ -85,6 +85,12 @@ class ResolvedDsConfig:
     def zero_stage(self) -> int:
         return int(self.config.get("zero_optimization", {}).get("stage", 0))
 
+    @property
+    def optimizer(self) -> str | None:
+        """The optimizer's type, lower case ("adamw", "muon", ...); None without one."""
+        optimizer = self.config.get("optimizer")
+        return None if optimizer is None else str(optimizer.get("type", "")).lower()
+
 
 # ----------------------------------------------------------------------------------------------
 # Resolution
@@ -286,15 +292,27 @@ class _Resolver:
         return precision
 
     def grad_clip(self) -> float:
+        """The clip, off by default with Muon: DeepSpeed's ZeRO takes the norm of the step's
+        gradients after Muon has orthogonalised its half (DeepSpeedZeroOptimizer's
+        `get_flat_partition`), so a clip would scale the whole step by about 1 / that norm,
+        which grows with the model (~50 for gpt2-tiny); the Muon recipes clip nothing."""
+        muon = _is_muon(self.ds_config.get("optimizer"))
         clip, clip_from = self.pick(
             "gradient_clipping",
             self.ds_config.get("gradient_clipping"),
             "grad_clip",
-            DEFAULT_GRAD_CLIP,
+            0.0 if muon else DEFAULT_GRAD_CLIP,
         )
+        if muon and clip:
+            self.problems.append(
+                f"gradient_clipping {clip} ({clip_from}) with the Muon optimizer: DeepSpeed "
+                "takes the gradient norm after Muon orthogonalises its half's gradients, so a "
+                "clip would shrink the whole step; set it to 0 or drop it (Muon runs unclipped)"
+            )
         self.ds_config["gradient_clipping"] = clip
         state = "off" if clip == 0 else f"global norm {clip:g}"
-        self.notes.append(f"gradient clipping: {state} ({clip_from})")
+        why = "; Muon runs unclipped" if muon and clip_from == "default" else ""
+        self.notes.append(f"gradient clipping: {state} ({clip_from}{why})")
         return clip
 
     # -- ZeRO sizes ------------------------------------------------------------------------------
@@ -423,6 +441,7 @@ DEFAULT_MAX_WARMUP = 100  # warmup = min(100, the schedule's span // 10)
 # gpt_ds's AdamW recipe (GPT-2/GPT-3), the values its presets set: fills "auto" at these keys.
 ADAMW_DEFAULTS: dict[str, Any] = {"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 _WARMUP_SCHEDULES = ("WarmupLR", "WarmupDecayLR")
+_MUON_FIELDS = ("muon_lr", "muon_momentum", "muon_weight_decay")
 # The keys of each DeepSpeed schedule that gpt_ds fills from the run: "auto" or left out (a
 # left-out key would get DeepSpeed's own default, e.g. WarmupLR's warmup_max_lr 0.001 and
 # 1000 warmup steps, while the run's log states the run's values).
@@ -474,6 +493,7 @@ def fill_optimizer_and_schedule(r: _Resolver) -> tuple[float, float, int]:
     if optimizer is not None:
         opt_params["lr"] = lr
         _adam_hyperparameters(r, optimizer["type"], opt_params)
+        _muon_settings(r, optimizer, kind)
         _choose_adam(r, optimizer)
     else:
         r.notes.append("optimizer: none in the config; the trainer must pass one")
@@ -581,14 +601,33 @@ def _adam_hyperparameters(r: _Resolver, kind: str, params: dict) -> None:
         r.notes.append(f'optimizer: {kind} {values} (were "auto": gpt_ds\'s AdamW recipe)')
 
 
+def _muon_settings(r: _Resolver, optimizer: dict, schedule: str | None) -> None:
+    """A Muon section's own settings (muon.py); a Muon flag without Muon is a problem."""
+    muon = _is_muon(optimizer)
+    if muon or any(getattr(r.run, name) is not None for name in _MUON_FIELDS):
+        from gpt_ds.dsconfig import muon as muon_setup  # only a Muon run (or a mistake) needs it
+
+        if muon:
+            muon_setup.fill_muon(r, optimizer["params"], schedule)
+        else:
+            muon_setup.flags_without_muon(r)
+
+
+def _is_muon(optimizer: dict | None) -> bool:
+    return optimizer is not None and str(optimizer.get("type", "")).lower() == "muon"
+
+
 def _choose_adam(r: _Resolver, optimizer: dict) -> None:
-    """Adam(W) becomes the implementation this machine can run (optimizer.py): torch's
-    AdamW on CPU ranks and on GPUs where DeepSpeed's FusedAdam could not be built."""
-    if optimizer.get("type", "").lower() not in ("adam", "adamw"):
+    """Adam(W), and Muon's AdamW half, become the implementation this machine can run
+    (optimizer.py): torch's AdamW on CPU ranks and on GPUs where DeepSpeed's FusedAdam could
+    not be built."""
+    kind = optimizer.get("type", "").lower()
+    if kind not in ("adam", "adamw", "muon"):
         return
     offload = r.ds_config.get("zero_optimization", {}).get("offload_optimizer") or {}
     facts = dataclasses.replace(r.facts.adam, offload=offload.get("device", "none") != "none")
     choice = choose_adam(facts, optimizer["params"])
     optimizer["params"].update(choice.params)
-    r.notes.append(choice.note)
+    half = "optimizer: Muon's AdamW half: " if kind == "muon" else "optimizer: "
+    r.notes.append(half + choice.note.removeprefix("optimizer: "))
     r.problems.extend(choice.problems)

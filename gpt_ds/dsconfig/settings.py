@@ -28,6 +28,9 @@ CLI_FLAGS = {
     "grad_clip": "--grad_clip",
     "precision": "--precision",
     "world_size": "world size",
+    "muon_lr": "--muon_lr",
+    "muon_momentum": "--muon_momentum",
+    "muon_weight_decay": "--muon_weight_decay",
 }
 
 
@@ -63,6 +66,12 @@ class RunSettings:
     """None or "auto": detect from the hardware; "bf16", "fp16" or "fp32": forced."""
     hidden_size: int | None = None
     """The model's width (n_embd): ZeRO bucket sizes set to "auto" derive from it."""
+    muon_lr: float | None = None
+    """The Muon optimizer's lr for its half (optimizer.params.muon_lr)."""
+    muon_momentum: float | None = None
+    """The Muon half's momentum (optimizer.params.momentum)."""
+    muon_weight_decay: float | None = None
+    """The Muon half's weight decay (optimizer.params.muon_weight_decay, gpt_ds's key)."""
     decay_from: str = "--lr_decay_iters"
     """The flag the schedule's span comes from, for messages: --lr_decay_iters, or the one that
     gives the run's length (--max_iters, --max_tokens, --max_epochs)."""
@@ -102,6 +111,9 @@ class RunSettings:
         check("min_lr", lambda v: v >= 0, ">= 0")
         check("grad_clip", lambda v: v >= 0, ">= 0 (0 disables clipping)")
         check("precision", lambda v: v in (*PRECISIONS, "auto"), "one of auto, bf16, fp16, fp32")
+        check("muon_lr", lambda v: v > 0, "> 0")
+        check("muon_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
+        check("muon_weight_decay", lambda v: v >= 0, ">= 0")
         return problems
 
 

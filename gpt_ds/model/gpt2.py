@@ -322,14 +322,42 @@ def pretrained_shape(init_from: str, block_size: int | None = None) -> ModelShap
     return ModelShape(c.n_layer, c.n_head, c.n_embd, block_size or c.n_positions, c.vocab_size)
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only; biases and LayerNorm gains are not decayed."""
+def is_muon_matrix(name: str, shape: tuple[int, ...] | torch.Size) -> bool:
+    """GPT-2's hidden matrices, the Muon optimizer's half: the attention and MLP weights of
+    every block. wte (tied to the head), wpe, biases and LayerNorm gains are not."""
+    return name.startswith("transformer.h.") and len(shape) == 2
+
+
+def tag_muon(model: torch.nn.Module) -> None:
+    """Set `use_muon` on every parameter, which DeepSpeed's Muon reads (GPT-2's split)."""
+    for name, p in model.named_parameters():
+        p.use_muon = is_muon_matrix(name, getattr(p, "ds_shape", p.shape))  # type: ignore[attr-defined]
+
+
+def param_groups(
+    model: torch.nn.Module, weight_decay: float, muon_weight_decay: float | None = None
+) -> list[dict]:
+    """Weight decay on matrices only; biases and LayerNorm gains are not decayed. With
+    `muon_weight_decay` (a Muon run), the hidden matrices form a group of their own with it."""
+    muon: list[torch.nn.Parameter] = []
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
-    for p in model.parameters():
-        if p.requires_grad:  # a ZeRO-3 partitioned parameter is flat: its full shape is ds_shape
-            (decay if len(getattr(p, "ds_shape", p.shape)) >= 2 else no_decay).append(p)
-    return [
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        shape = getattr(p, "ds_shape", p.shape)  # a ZeRO-3 partitioned parameter is flat
+        if muon_weight_decay is not None and is_muon_matrix(name, shape):
+            muon.append(p)
+        else:
+            (decay if len(shape) >= 2 else no_decay).append(p)
+    groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if muon_weight_decay is None:
+        return groups
+    names = ("embeddings", "vectors")  # DeepSpeed names each half "<name>-adam-params"
+    return [
+        {"params": muon, "weight_decay": muon_weight_decay, "name": "hidden"},
+        *({**group, "name": name} for group, name in zip(groups, names, strict=True)),
     ]

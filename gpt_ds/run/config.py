@@ -143,7 +143,24 @@ class RunConfig:
         "Train for this many epochs (as many tokens as the train split holds, windows drawn "
         "at random with replacement) instead of --max_iters steps.",
     )
-    lr: float | None = option(None, "Peak learning rate (default: the config's, else 6e-4).")
+    optimizer: str | None = option(
+        None,
+        "adamw, or muon: Muon for GPT-2's attention and MLP matrices, AdamW for embeddings, "
+        "biases and LayerNorms (default: the DeepSpeed config's optimizer; the presets': adamw).",
+        choices=("adamw", "muon"),
+    )
+    lr: float | None = option(
+        None, "Peak learning rate (default: the config's, else 6e-4); with Muon, its AdamW half's."
+    )
+    muon_lr: float | None = option(
+        None, "--optimizer muon: the Muon half's peak lr (default: the config's, else 0.02)."
+    )
+    muon_momentum: float | None = option(
+        None, "--optimizer muon: the Muon half's momentum (default: the config's, else 0.95)."
+    )
+    muon_weight_decay: float | None = option(
+        None, "--optimizer muon: the Muon half's weight decay (default: the config's, else 0.01)."
+    )
     lr_schedule: str | None = option(
         None,
         "cosine, linear, constant or wsd (warmup-stable-decay), each after a linear warmup "
@@ -163,7 +180,9 @@ class RunConfig:
         None, "Iteration where the cosine decay reaches min_lr (default --max_iters)."
     )
     grad_clip: float | None = option(
-        None, f"Gradient-norm clipping (default: the config's, else {DEFAULT_GRAD_CLIP})."
+        None,
+        f"Gradient-norm clipping (default: the config's, else {DEFAULT_GRAD_CLIP}; "
+        "--optimizer muon: 0, the only value it takes).",
     )
     micro_batch_size: int | None = option(
         None,
@@ -355,6 +374,9 @@ def run_settings(
         warmup_iters=cfg.warmup_iters,
         grad_clip=cfg.grad_clip,
         precision=None if cfg.precision == "auto" else cfg.precision,
+        muon_lr=cfg.muon_lr,
+        muon_momentum=cfg.muon_momentum,
+        muon_weight_decay=cfg.muon_weight_decay,
         decay_from=decay_flag(cfg),
     )
 

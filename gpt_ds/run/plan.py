@@ -151,6 +151,10 @@ def plan_run(
     notes += check_resume(resume, cfg, ds, shape, data.identity(), machine.world_size)
     estimate = check_machine(cfg, ds, shape, machine)
     notes += [ds.length.line] if ds.length.line else []
+    if ds.optimizer == "muon":
+        from gpt_ds.dsconfig.muon import split_line
+
+        notes.append(split_line(shape))
     return RunPlan(
         cfg=cfg,
         shape=shape,
@@ -237,6 +241,10 @@ def deepspeed_config(
         run_name=cfg.run_name,
     )
     raw = with_schedule(raw, cfg.lr_schedule)
+    if cfg.optimizer is not None:
+        from gpt_ds.dsconfig.muon import with_optimizer  # imported only where a run asks
+
+        raw = with_optimizer(raw, cfg.optimizer)
     settings = run_settings(
         cfg,
         world_size=machine.world_size,  # the launcher's, before the process group exists

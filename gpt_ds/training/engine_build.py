@@ -10,8 +10,10 @@ syncs where the DeepSpeed version is one checked (`make_sync_free`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from gpt_ds.model.gpt2 import (
     enable_activation_checkpointing,
     param_groups,
     shape_of,
+    tag_muon,
 )
 from gpt_ds.run.config import RunConfig
 from gpt_ds.run.init_source import (
@@ -190,18 +193,86 @@ def build_engine(plan: RunPlan):
     if cfg.activation_checkpointing:
         enable_activation_checkpointing(model)
     assert shape_of(model).num_params() == count_params(model)
-    weight_decay = ds.config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
-    engine, *_ = deepspeed.initialize(
-        model=model,
-        model_parameters=param_groups(model, weight_decay),
-        config=plan.engine_config(),
-        lr_scheduler=_own_scheduler(cfg, ds, plan.length.decay_iters),
+    optimizer_params = ds.config.get("optimizer", {}).get("params", {})
+    muon = ds.optimizer == "muon"
+    groups = param_groups(
+        model,
+        optimizer_params.get("weight_decay", 0.0),
+        optimizer_params["muon_weight_decay"] if muon else None,
     )
+    with gpt2_muon_split() if muon else contextlib.nullcontext():
+        engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=groups,
+            config=plan.engine_config(),
+            lr_scheduler=_own_scheduler(cfg, ds, plan.length.decay_iters),
+        )
+    if muon:
+        dist.print0(groups_line(optimizer_groups(engine)))
     if line := make_sync_free(engine, ds.precision):
         dist.print0(line)
     if plan.choices.compile:
         dist.print0(compile_engine(engine, plan.choices.compile_blocker))
     return engine
+
+
+def optimizer_groups(engine) -> list[dict]:
+    """The engine's optimizer param groups as built: each one's name, whether Muon updates it,
+    its weight decay and the names of its parameters (ZeRO keeps each group's parameters
+    itself: bit16_groups at stages 1-2, fp16_groups per sub-group at stage 3)."""
+    names = {id(p): name for name, p in engine.module.named_parameters()}
+    inner = engine.optimizer
+    groups = [
+        {
+            "name": group.get("name"),
+            "muon": bool(group.get("use_muon")),
+            "weight_decay": group["weight_decay"],
+            "params": [],
+        }
+        for group in engine.basic_optimizer.param_groups
+    ]
+    if hasattr(inner, "bit16_groups"):
+        held = list(enumerate(inner.bit16_groups))
+    elif hasattr(inner, "fp16_groups"):  # stage 3: sub-groups, each of one group
+        held = [(inner.sub_group_to_group_id[i], g) for i, g in enumerate(inner.fp16_groups)]
+    else:
+        held = [(i, g["params"]) for i, g in enumerate(engine.basic_optimizer.param_groups)]
+    for index, params in held:
+        groups[index]["params"] += [names[id(p)] for p in params]
+    return groups
+
+
+def groups_line(groups: list[dict]) -> str:
+    """The start-up report's line saying which parameters each optimizer group updates."""
+    parts = [
+        f"{group['name']}: {'Muon' if group['muon'] else 'AdamW'}, {len(group['params'])} "
+        f"tensors, weight decay {group['weight_decay']:g}"
+        for group in groups
+    ]
+    return "optimizer groups: " + "; ".join(parts)
+
+
+@contextlib.contextmanager
+def gpt2_muon_split() -> Iterator[None]:
+    """GPT-2's Muon split in place of DeepSpeed's while `deepspeed.initialize` runs.
+
+    initialize tags `use_muon` itself (`deepspeed.set_optimizer_flags`, looked up in the
+    deepspeed module at the call): every 2-D parameter whose name lacks "embed" or "lm_head",
+    which gives GPT-2's wte (the tied head, named transformer.wte.weight) and wpe to Muon.
+    gpt2.py's `tag_muon` replaces its tags right after it, before the optimizer reads them."""
+    import deepspeed
+
+    deepspeeds = deepspeed.set_optimizer_flags
+
+    def set_flags(config_class, model: torch.nn.Module) -> None:
+        deepspeeds(config_class, model)
+        tag_muon(model)
+
+    deepspeed.set_optimizer_flags = set_flags
+    try:
+        yield
+    finally:
+        deepspeed.set_optimizer_flags = deepspeeds
 
 
 def _own_scheduler(cfg: RunConfig, ds: ResolvedDsConfig, decay_iters: int):

@@ -498,7 +498,7 @@ class Trainer:
             it,
             self.tokens_seen,
             loss,
-            self.engine.get_lr()[0],
+            self.engine.get_lr()[-1],  # --lr's (with Muon: its AdamW half's, the last groups)
             steps,
             seconds,
             grad_norm=self.last_grad_norm,
