@@ -43,11 +43,11 @@ from harness.zygote import ZYGOTE_ENV, differing_variables, read_served  # noqa:
 from helpers.compared_runs import compared_run
 from helpers.files import HELLASWAG_MINI
 from helpers.shared import (
-    SSH_MODULES,
     both_workers,
     machine_turn,
     made_once,
     module_scheduling,
+    run_order,
     shared_folder,
 )
 from helpers.venvs import floor_torch_venv
@@ -100,9 +100,10 @@ def skip_gpu_tests(config, items) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    # the sshd modules are the longest unit of work (~3 min on 2 cores): first, so that neither
-    # worker of `pytest -n 2` ends alone on them
-    items.sort(key=lambda item: item.path.name not in SSH_MODULES)
+    # the sshd modules (one unit of work, ~14 min on 2 cores), then the longest modules: first,
+    # so that neither worker of `pytest -n 2` ends alone on them (stable: each module's own
+    # order is kept)
+    items.sort(key=lambda item: run_order(item.path.name))
     skip_gpu_tests(config, items)
 
 

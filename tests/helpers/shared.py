@@ -55,6 +55,20 @@ def machine_turn(lock_stem: Path, alone: bool) -> Iterator[None]:
 # Test modules whose tests use the loopback sshd (helpers/sshd.py): its ~/.ssh/config block maps
 # 127.0.0.1-3 to one sshd's port, so one worker runs them all.
 SSH_MODULES = {"test_two_node.py", "test_preflight.py", "test_openmpi.py"}
+# The longest modules after them, longest first (each 150-700 s of one worker in a full run on
+# 2 cores, 2026-11-29): xdist hands whole modules out in collection order, so that the short
+# ones fill both workers' ends instead of one worker ending alone on a long one.
+LONGEST_MODULES = (
+    "test_faults.py", "test_wheelhouse.py", "test_memory.py", "test_benchmarks.py",
+    "test_runtime_deps.py", "test_memory_measured.py", "test_launchers.py",
+    "test_chunked_loss.py", "test_fault_drill.py", "test_startup_memory.py", "test_plot.py",
+)  # fmt: skip
+
+
+def run_order(module: str) -> tuple[bool, int]:
+    """A module's place in the run: the sshd modules, then the longest, then the rest."""
+    longest = LONGEST_MODULES.index(module) if module in LONGEST_MODULES else len(LONGEST_MODULES)
+    return module not in SSH_MODULES, longest
 
 
 def worker_unit(nodeid: str) -> str:
