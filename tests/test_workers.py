@@ -8,7 +8,15 @@ import threading
 import time
 
 import pytest
-from helpers.shared import SSH_MODULES, machine_turn, made_once, worker_unit
+from helpers.shared import (
+    LONGEST_MODULES,
+    SSH_MODULES,
+    machine_turn,
+    made_once,
+    run_order,
+    worker_unit,
+)
+from support.launch import REPO
 
 
 def test_an_alone_test_waits_for_the_running_one_and_the_next_waits_for_it(tmp_path):
@@ -57,3 +65,13 @@ def test_a_worker_takes_whole_modules_and_the_sshd_modules_together():
     assert worker_unit(f"{faults}::test_universal_checkpoint_tool") == faults
     units = {worker_unit(f"tests/{name}::test_x[a::b]") for name in SSH_MODULES}
     assert units == {"sshd"}
+
+
+def test_the_sshd_unit_then_the_longest_modules_run_first():
+    """Sorted by `run_order`: the sshd modules, the longest modules longest first, then the
+    rest in their collection order (a stable sort keeps each module's own)."""
+    modules = ["test_a.py", "test_memory.py", "test_two_node.py", "test_b.py", "test_faults.py"]
+    assert sorted(modules, key=run_order) == [
+        "test_two_node.py", "test_faults.py", "test_memory.py", "test_a.py", "test_b.py",
+    ]  # fmt: skip
+    assert all((REPO / "tests" / name).is_file() for name in [*SSH_MODULES, *LONGEST_MODULES])
