@@ -102,7 +102,8 @@ def skip_gpu_tests(config, items) -> None:
 def pytest_collection_modifyitems(config, items):
     # the sshd modules (one unit of work, ~14 min on 2 cores), then the longest modules: first,
     # so that neither worker of `pytest -n 2` ends alone on them (stable: each module's own
-    # order is kept)
+    # order is kept). xdist's scheduler still puts modules with more tests first
+    # (`--loadscope-reorder`, its default), so this order holds among modules of equal count.
     items.sort(key=lambda item: run_order(item.path.name))
     skip_gpu_tests(config, items)
 

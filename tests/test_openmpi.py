@@ -10,7 +10,6 @@ of 2 with the losses of `deepspeed --num_gpus 2` on one node. No mpi4py: nothing
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers.compared_runs import BASE, WHOLE, assert_losses_close, compared_run
 from helpers.shared import shared_folder
-from helpers.sshd import sshd_fixture
+from helpers.sshd import probe_records, sshd_fixture
 from helpers.system import Unavailable, ensure_packages
 from support.launch import REPO, VENV_BIN, free_port, launch_env, remove_shm_buffers, tiny_run_args
 
@@ -35,12 +34,13 @@ import json, os, shutil, sys
 from gpt_ds.base.launcher_world import adopt_launcher_world
 adopted = adopt_launcher_world()
 conn = os.environ.get("SSH_CONNECTION", "").split()
-print("PROBE " + json.dumps({
+sys.stdout.write("PROBE " + json.dumps({
     "adopted": adopted, "ssh_server": conn[2] if len(conn) > 2 else None,
     "path": os.environ["PATH"], "ninja": shutil.which("ninja"),
     "hostname": shutil.which("hostname"), "executable": sys.executable,
     "master": [os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")],
-}), flush=True)
+}) + "\\n")  # one write: mpirun interleaves two ranks' separate writes
+sys.stdout.flush()
 """
 
 
@@ -109,8 +109,7 @@ def test_mpirun_ranks_are_one_world_with_expanded_path(openmpi, ssh_loopback, tm
     both = proc.stdout + proc.stderr
     assert re.search(r"cmd = mpirun -n 2 -hostfile \S+ .* -x PATH=/[^\"$ ]+ ", both), both[-3000:]
     ranks = sorted(
-        (json.loads(line.split("PROBE ", 1)[1]) for line in proc.stdout.splitlines()
-         if "PROBE " in line),
+        probe_records(proc.stdout),
         key=lambda r: int(r["adopted"]["RANK"]),
     )  # fmt: skip
     assert [r["adopted"] for r in ranks] == [

@@ -11,7 +11,6 @@ stand-ins for scontrol and srun) checkpoints and stops on its warning signal.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -25,7 +24,7 @@ import psutil
 import pytest
 from helpers.compared_runs import BASE, ITERS, WHOLE, compared_run
 from helpers.shared import shared_folder
-from helpers.sshd import sshd_fixture
+from helpers.sshd import probe_records, sshd_fixture
 from support.launch import REPO, VENV_BIN, free_port, launch_env, remove_shm_buffers, tiny_run_args
 from support.runs import train_losses, val_losses
 
@@ -38,12 +37,13 @@ NODES = ("127.0.0.1", "127.0.0.2")
 PROBE = """\
 import json, os, sys
 conn = os.environ.get("SSH_CONNECTION", "").split()
-print("PROBE " + json.dumps({
+sys.stdout.write("PROBE " + json.dumps({
     "rank": int(os.environ["RANK"]), "node": int(os.environ["CROSS_RANK"]),
     "world": int(os.environ["WORLD_SIZE"]), "ssh_server": conn[2] if len(conn) > 2 else None,
     "executable": sys.executable, "prefix": sys.prefix, "cwd": os.getcwd(),
     "ext_dir": os.environ.get("TORCH_EXTENSIONS_DIR"), "marker": os.environ.get("GPT_DS_MARK"),
-}), flush=True)
+}) + "\\n")  # one write: mpirun interleaves two ranks' separate writes
+sys.stdout.flush()
 """
 
 
@@ -152,11 +152,7 @@ def test_pdsh_ranks_get_the_venv_python_and_deepspeed_env(ssh_loopback, tmp_path
         r"cmd = pdsh -S -f \d+ -w 127\.0\.0\.1,127\.0\.0\.2 ", proc.stdout + proc.stderr
     )
     ranks = sorted(
-        (
-            json.loads(line.split("PROBE ", 1)[1])
-            for line in proc.stdout.splitlines()
-            if "PROBE " in line
-        ),
+        probe_records(proc.stdout),
         key=lambda r: r["rank"],
     )
     assert [(r["rank"], r["node"], r["world"]) for r in ranks] == [(0, 0, 2), (1, 1, 2)]

@@ -18,6 +18,7 @@ root, no apt, no 127.0.0.2), the tests are skipped with the reason.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import pwd
 import re
@@ -315,3 +316,10 @@ def sshd_fixture(name: str = "ssh_loopback"):
         loop.close()
 
     return _fixture
+
+
+def probe_records(stdout: str) -> list[dict]:
+    """The JSON record each rank printed after "PROBE ": read from each marker on, not line by
+    line, since a launcher forwarding two ranks' output (mpirun) can put both on one line."""
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(part)[0] for part in stdout.split("PROBE ")[1:]]
