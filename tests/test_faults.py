@@ -163,6 +163,8 @@ class References:
         "zero2_dropout": {"deepspeed_config": "ds_configs/zero2.json", "dropout": 0.1},
         "zero3": {"deepspeed_config": "ds_configs/zero3.json"},
         "zero2_bf16": {"deepspeed_config": "ds_configs/zero2.json", "precision": "bf16"},
+        "zero2_muon": {"deepspeed_config": "ds_configs/zero2.json", "optimizer": "muon"},
+        "zero3_muon": {"deepspeed_config": "ds_configs/zero3.json", "optimizer": "muon"},
     }
 
     def __init__(self, data_dir: Path, root: Path):
@@ -194,13 +196,15 @@ def refs(shakespeare_dir, tmp_path_factory) -> References:
 
 
 # ---------------------------------------------------------------------------- 1. exact resume
-@pytest.mark.parametrize("name", ["zero1", "zero2_dropout", "zero3", "zero2_bf16"])
+@pytest.mark.parametrize(
+    "name", ["zero1", "zero2_dropout", "zero3", "zero2_bf16", "zero2_muon", "zero3_muon"]
+)
 def test_resume_is_exact(name, refs, launch, tmp_path):
     """K iterations, --resume, K more == 2K in one go: identical losses, identical weights.
 
     The resumed run starts from the checkpoint the uninterrupted run wrote at K (what a K-only
     run leaves behind, minus a launch). ZeRO-1 and ZeRO-2 run with dropout, so the per-rank
-    RNG streams are restored too.
+    RNG streams are restored too; the Muon runs restore Muon's momentum with the optimizer.
     """
     ref = refs.get(name)
     out = tmp_path / "resumed"
