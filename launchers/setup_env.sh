@@ -5,7 +5,8 @@
 #   GPT_DS_TORCH_SPEC="torch==2.13.0 --index-url <your ROCm wheel index>" bash launchers/setup_env.sh
 #
 # GPT_DS_VENV: where the environment goes (default .venv); GPT_DS_PYTHON: the interpreter that
-# creates it (default python3); GPT_DS_BUILD_OPS=0: leave DeepSpeed's ops to their first use. The older names without GPT_DS_ still work, said.
+# creates it (default python3); GPT_DS_BUILD_OPS=0: leave DeepSpeed's ops to their first use.
+# The older names without GPT_DS_ still work, said.
 # torch is installed first, pinned, so that pip never resolves an open range to a different
 # build; the package's own range is then already satisfied. Idempotent: re-running is fast.
 set -euo pipefail

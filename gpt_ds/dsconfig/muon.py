@@ -19,6 +19,8 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from gpt_ds.dsconfig.settings import ADAMW_DEFAULTS
+
 if TYPE_CHECKING:
     from gpt_ds.model.gpt2 import ModelShape
 
@@ -29,12 +31,11 @@ MUON_KEYS = (
     ("momentum", "muon_momentum"),
     ("muon_weight_decay", "muon_weight_decay"),
 )
-_ADAMW_RECIPE = {"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
-_SECTIONS = {
-    "adamw": {"type": "AdamW", "params": {"lr": "auto", **_ADAMW_RECIPE}},
+_SECTIONS = {  # with_optimizer deep-copies them, betas' list included
+    "adamw": {"type": "AdamW", "params": {"lr": "auto", **ADAMW_DEFAULTS}},
     "muon": {
         "type": "Muon",
-        "params": {"lr": "auto", **{key: "auto" for key, _ in MUON_KEYS}, **_ADAMW_RECIPE},
+        "params": {"lr": "auto", **{key: "auto" for key, _ in MUON_KEYS}, **ADAMW_DEFAULTS},
     },
 }
 # DeepSpeed's schedules that write one absolute lr into every param group: Muon's half would
@@ -104,7 +105,7 @@ def split_line(shape: ModelShape) -> str:
     e, layers = shape.n_embd, shape.n_layer
     hidden = 12 * e * e * layers  # c_attn 3e², attn.c_proj e², mlp.c_fc 4e², mlp.c_proj 4e²
     embeddings = (shape.vocab_size + shape.block_size) * e
-    vectors = 13 * e * layers + 2 * e  # each block's biases and LayerNorms, and ln_f
+    vectors = shape.num_params() - hidden - embeddings  # biases and LayerNorms, ln_f's too
     return (
         f"optimizer split: Muon {4 * layers} hidden matrices ({_millions(hidden)} parameters); "
         f"AdamW wte and wpe ({_millions(embeddings)}) and {8 * layers + 2} biases and LayerNorm "

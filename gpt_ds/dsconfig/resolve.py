@@ -30,6 +30,7 @@ from gpt_ds.dsconfig.optimizer import choose_adam
 from gpt_ds.dsconfig.run_length import RunLength, run_length
 from gpt_ds.dsconfig.schema import validate_ds_config
 from gpt_ds.dsconfig.settings import (
+    ADAMW_DEFAULTS,
     DEFAULT_GRAD_ACCUM,
     DEFAULT_GRAD_CLIP,
     DEFAULT_MICRO_BATCH,
@@ -438,8 +439,6 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 DEFAULT_LR = 6e-4
 DEFAULT_MIN_LR_FRACTION = 0.1  # min_lr = lr / 10, as in GPT-3 / nanoGPT
 DEFAULT_MAX_WARMUP = 100  # warmup = min(100, the schedule's span // 10)
-# gpt_ds's AdamW recipe (GPT-2/GPT-3), the values its presets set: fills "auto" at these keys.
-ADAMW_DEFAULTS: dict[str, Any] = {"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 _WARMUP_SCHEDULES = ("WarmupLR", "WarmupDecayLR")
 _MUON_FIELDS = ("muon_lr", "muon_momentum", "muon_weight_decay")
 # The keys of each DeepSpeed schedule that gpt_ds fills from the run: "auto" or left out (a

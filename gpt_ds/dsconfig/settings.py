@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpt_ds.dsconfig.optimizer import AdamFacts
 from gpt_ds.dsconfig.precision import PRECISIONS
@@ -120,6 +121,9 @@ class RunSettings:
 DEFAULT_MICRO_BATCH = 4
 DEFAULT_GRAD_ACCUM = 1
 DEFAULT_GRAD_CLIP = 1.0
+# gpt_ds's AdamW recipe (GPT-2/GPT-3), the values its presets set: fills "auto" at these keys
+# (resolve.py), and the AdamW half of the section `--optimizer` writes (muon.py).
+ADAMW_DEFAULTS: dict[str, Any] = {"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 # What those flags default to, for the default column of docs/training.md's flag reference
 # (tools/flag_reference.py): on the command line they are None, "not given", so that a concrete
 # value in the DeepSpeed config wins (`ResolvedDsConfig.pick`).

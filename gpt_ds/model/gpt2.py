@@ -328,10 +328,15 @@ def is_muon_matrix(name: str, shape: tuple[int, ...] | torch.Size) -> bool:
     return name.startswith("transformer.h.") and len(shape) == 2
 
 
+def layer_shape(p: torch.nn.Parameter) -> tuple[int, ...] | torch.Size:
+    """A parameter's shape as a layer's: a ZeRO-3 partitioned one is flat, its own is ds_shape."""
+    return getattr(p, "ds_shape", p.shape)
+
+
 def tag_muon(model: torch.nn.Module) -> None:
     """Set `use_muon` on every parameter, which DeepSpeed's Muon reads (GPT-2's split)."""
     for name, p in model.named_parameters():
-        p.use_muon = is_muon_matrix(name, getattr(p, "ds_shape", p.shape))  # type: ignore[attr-defined]
+        p.use_muon = is_muon_matrix(name, layer_shape(p))  # type: ignore[attr-defined]
 
 
 def param_groups(
@@ -345,7 +350,7 @@ def param_groups(
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        shape = getattr(p, "ds_shape", p.shape)  # a ZeRO-3 partitioned parameter is flat
+        shape = layer_shape(p)
         if muon_weight_decay is not None and is_muon_matrix(name, shape):
             muon.append(p)
         else:
