@@ -102,8 +102,7 @@ def skip_gpu_tests(config, items) -> None:
 def pytest_collection_modifyitems(config, items):
     # the sshd modules (one unit of work, ~14 min on 2 cores), then the longest modules: first,
     # so that neither worker of `pytest -n 2` ends alone on them (stable: each module's own
-    # order is kept). xdist's scheduler still puts modules with more tests first
-    # (`--loadscope-reorder`, its default), so this order holds among modules of equal count.
+    # order is kept; helpers.shared.module_scheduling hands them out in this order).
     items.sort(key=lambda item: run_order(item.path.name))
     skip_gpu_tests(config, items)
 

@@ -4,6 +4,8 @@ sshd modules together)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -75,3 +77,27 @@ def test_the_sshd_unit_then_the_longest_modules_run_first():
         "test_two_node.py", "test_faults.py", "test_memory.py", "test_a.py", "test_b.py",
     ]  # fmt: skip
     assert all((REPO / "tests" / name).is_file() for name in [*SSH_MODULES, *LONGEST_MODULES])
+
+
+def test_workers_take_the_modules_in_collection_order(tmp_path):
+    """xdist would hand a one-test module out after every module with more tests; the suite's
+    scheduler keeps `run_order`'s order, so a long one-test module is not left for the end."""
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+        "from helpers.shared import module_scheduling\n\n"
+        "def pytest_xdist_make_scheduler(config, log):\n"
+        "    return module_scheduling(config, log)\n"
+    )
+    ran = tmp_path / "ran.txt"
+    for module, count in (("test_a_one.py", 1), ("test_b_many.py", 4)):
+        tests = "".join(
+            f"def test_{i}():\n    open({str(ran)!r}, 'a').write('{module}\\n')\n\n"
+            for i in range(count)
+        )
+        (tmp_path / module).write_text(tests)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "1", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ran.read_text().split() == ["test_a_one.py"] + ["test_b_many.py"] * 4

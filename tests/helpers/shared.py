@@ -78,8 +78,12 @@ def worker_unit(nodeid: str) -> str:
 
 
 def module_scheduling(config: pytest.Config, log):
-    """xdist's scheduler by scope, each scope a `worker_unit`."""
+    """xdist's scheduler by scope, each scope a `worker_unit`, handed out in collection order
+    (`run_order`): xdist's own reorder by test count (`--loadscope-reorder`, on by default and
+    not told apart from an explicit flag) would put one-test modules of minutes last."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
