@@ -2,12 +2,15 @@
 
 Launched by tests/test_memory_measured.py through `deepspeed --num_gpus N`. For each
 `STAGE:PRECISION` in --configs it builds a fresh GPT-2 (gpt_ds.model.gpt2.build_model), runs
-`deepspeed.initialize` with an inline config (AdamW, micro-batch 2, no "auto"), takes one full
-step so Adam has its state, then on a second step measures twice with
+`deepspeed.initialize` with an inline config (AdamW, no "auto"), takes one full step so Adam
+has its state, then on a second step measures twice with
 gpt_ds.memory.measured_model_state_bytes: after backward, and from inside the inner
 optimizer's step (when the fp32 gradient partition exists). Each rank prints one line per
 config to --out_dir/rank{R}.jsonl (one file per rank: launcher output interleaves) with
 both measurements and gpt_ds.memory.estimate_run's prediction for that rank (`phase_bytes`).
+
+A step is one sequence of 16 tokens by default: model states do not depend on the tokens, and
+on CPUs without AVX-512 BF16 bf16 is emulated, so every token costs.
 """
 
 from __future__ import annotations
@@ -111,8 +114,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--configs", default="1:bf16,2:bf16,3:bf16,1:fp32,2:fp32,3:fp32")
     p.add_argument("--model", default="gpt2-tiny")
-    p.add_argument("--block_size", type=int, default=64)
-    p.add_argument("--micro_batch_size", type=int, default=2)
+    p.add_argument("--block_size", type=int, default=16)
+    p.add_argument("--micro_batch_size", type=int, default=1)
     p.add_argument("--out_dir", required=True)
     p.add_argument("--local_rank", type=int, default=-1)  # set by the DeepSpeed launcher
     args = p.parse_args()
