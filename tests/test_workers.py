@@ -72,9 +72,9 @@ def test_a_worker_takes_whole_modules_and_the_sshd_modules_together():
 def test_the_sshd_unit_then_the_longest_modules_run_first():
     """Sorted by `run_order`: the sshd modules, the longest modules longest first, then the
     rest in their collection order (a stable sort keeps each module's own)."""
-    modules = ["test_a.py", "test_memory.py", "test_two_node.py", "test_b.py", "test_faults.py"]
+    modules = ["test_a.py", "test_plot.py", "test_two_node.py", "test_b.py", "test_faults.py"]
     assert sorted(modules, key=run_order) == [
-        "test_two_node.py", "test_faults.py", "test_memory.py", "test_a.py", "test_b.py",
+        "test_two_node.py", "test_faults.py", "test_plot.py", "test_a.py", "test_b.py",
     ]  # fmt: skip
     assert all((REPO / "tests" / name).is_file() for name in [*SSH_MODULES, *LONGEST_MODULES])
 

@@ -59,9 +59,9 @@ SSH_MODULES = {"test_two_node.py", "test_preflight.py", "test_openmpi.py"}
 # 2 cores, 2026-11-29): xdist hands whole modules out in collection order, so that the short
 # ones fill both workers' ends instead of one worker ending alone on a long one.
 LONGEST_MODULES = (
-    "test_faults.py", "test_wheelhouse.py", "test_memory.py", "test_benchmarks.py",
-    "test_runtime_deps.py", "test_memory_measured.py", "test_launchers.py",
-    "test_chunked_loss.py", "test_fault_drill.py", "test_startup_memory.py", "test_plot.py",
+    "test_faults.py", "test_wheelhouse.py", "test_benchmarks.py", "test_runtime_deps.py",
+    "test_launchers.py", "test_chunked_loss.py", "test_fault_drill.py", "test_startup_memory.py",
+    "test_plot.py", "test_lm_eval.py",
 )  # fmt: skip
 
 
