@@ -51,8 +51,10 @@ from helpers.messages import assert_names, names
 from helpers.system import mount, umount
 from support.launch import REPO, launch_env, tiny_run_args
 from support.runs import consolidated_model, train_losses, train_lrs, val_losses
+from transformers import GPT2LMHeadModel
 
 from gpt_ds.checkpoint.integrity import file_digest
+from gpt_ds.export.hf import export_checkpoint
 from gpt_ds.observe.metrics_file import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -587,6 +589,51 @@ def test_non_finite_training_stops_without_saving(
 
 # ---------------------------------------------------------------------------- 8. resizing
 UNIVERSAL_TOOL = REPO / "tools" / "universal_checkpoint.py"
+
+
+def test_a_muon_checkpoint_resumes_as_muon_on_its_world_size_and_seeds_any_run(
+    refs, launch, tmp_path
+):
+    """A Muon checkpoint: another optimizer, or another world size (DeepSpeed's universal
+    checkpoint has no Muon state), is refused before any build with the way on, and nothing
+    is written; the way on, `--init_from` its weights, fine-tunes with Muon, and its
+    export computes the logits of DeepSpeed's own consolidation (tests/test_muon.py checks the
+    split; test_resume_is_exact the resume)."""
+    ref = refs.get("zero2_muon")
+    out = tmp_path / "resumed"
+    copy_checkpoint(ref.out, "iter_4", out)
+    adamw = launch(ref.args(out, resume=True, optimizer="adamw"), "adamw", lean=True)
+    assert adamw.finish() == 2
+    assert_names(
+        adamw.output, f"{out}/iter_4", "muon run", "optimizer is adamw", "--optimizer muon",
+        f"--init_from {out}:iter_4",
+    )  # fmt: skip
+    one_rank = launch(ref.args(out, resume=True, grad_accum=2), "one_rank", num_gpus=1, lean=True)
+    assert one_rank.finish() == 2
+    assert_names(
+        one_rank.output, "saved by 2 ranks", "this run has 1", "universal checkpoint", "Muon",
+        "exp_avg", "resume with 2 ranks", f"--init_from {out}:iter_4",
+    )  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == ["iter_4", "latest"]  # nothing written
+
+    tuned = tmp_path / "tuned"
+    shape = {"model": None, "n_layer": None, "n_head": None, "n_embd": None}  # the weights'
+    seeded = ref.args(tuned, init_from=f"{ref.out}:final", max_iters=2, **shape)
+    run = launch(seeded, "init_from", lean=True).finish_ok()
+    assert f"init: weights of {ref.out}:final (iteration {ITERS})" in run.output
+    assert val_losses(tuned)[0] == pytest.approx(ref.vals[ITERS], rel=1e-5)
+    assert sorted(train_losses(tuned)) == [1, 2]
+    assert "hidden-muon-params: Muon, 8 tensors" in run.output, run.tail()
+
+    hf = tmp_path / "hf"
+    export_checkpoint(ref.out, hf, tag="final", progress=False, log=None)
+    exported = GPT2LMHeadModel.from_pretrained(hf, dtype=torch.float32).eval()
+    reference = consolidated_model(ref.out, "final").eval()
+    tokens = torch.randint(
+        0, reference.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(exported(tokens).logits, reference(tokens).logits)
 
 
 @pytest.mark.parametrize("name", ["zero2_bf16", "zero3"])

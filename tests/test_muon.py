@@ -13,12 +13,14 @@ from harness.launch import run_deepspeed
 from helpers.messages import assert_names
 from support.launch import REPO, tiny_run_args
 
-from gpt_ds.base.errors import ConfigError
+from gpt_ds.base.errors import CheckpointError, ConfigError
+from gpt_ds.checkpoint.manifest import Manifest
+from gpt_ds.checkpoint.tags import CheckpointRef
 from gpt_ds.dsconfig.muon import MUON_DEFAULTS, split_line
 from gpt_ds.model.gpt2 import build_model, is_muon_matrix, resolve_shape
 from gpt_ds.run.config import parse_args
 from gpt_ds.run.machine import probe_machine
-from gpt_ds.run.plan import plan_run
+from gpt_ds.run.plan import check_optimizer, plan_run
 
 HIDDEN = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
@@ -142,3 +144,31 @@ def test_the_engine_gives_muon_the_hidden_matrices_and_adamw_the_rest(
     assert len(vectors["params"]) == 8 * len(layers) + 2
     losses = found["losses"]
     assert all(loss == loss for loss in losses) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize(
+    ("plan", "saved"),
+    [
+        ({"optimizer": "muon"}, "muon"),
+        ({"deepspeed_config": {"optimizer": {"type": "Adam"}}}, "adam"),  # before plan named it
+        (None, None),  # older still: nothing says, nothing is checked
+    ],
+)
+def test_a_resume_keeps_the_optimizer_that_saved_it(plan, saved, tmp_path):
+    """Adam and AdamW keep the same moments and may follow each other; Muon and AdamW may not
+    (tests/test_faults.py launches the refusal)."""
+    manifest = Manifest(
+        tag="iter_4", iteration=4, world_size=2, zero_stage=2, model={}, config={}, files={},
+        plan=plan,
+    )  # fmt: skip
+    ref = CheckpointRef(out_dir=tmp_path, tag="iter_4", manifest=manifest)
+    assert manifest.optimizer == saved
+    for now in ("adam", "adamw", "muon"):
+        same = saved in (None, now) or {saved, now} == {"adam", "adamw"}
+        if same:
+            check_optimizer(ref, now)
+            continue
+        with pytest.raises(CheckpointError) as refused:
+            check_optimizer(ref, now)
+        way_on = "--optimizer muon" if saved == "muon" else "--optimizer adamw"
+        assert_names(str(refused.value), f"{saved} run", f"optimizer is {now}", way_on)

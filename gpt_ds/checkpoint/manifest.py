@@ -68,6 +68,16 @@ class Manifest:
     def shape(self) -> ModelShape:
         return ModelShape(**self.model)
 
+    @property
+    def optimizer(self) -> str | None:
+        """The optimizer type that saved it ("adamw", "muon"), from the plan (the DeepSpeed
+        config's for manifests before the plan named it); None where neither says."""
+        plan = self.plan or {}
+        if plan.get("optimizer"):
+            return plan["optimizer"]
+        section = (plan.get("deepspeed_config") or {}).get("optimizer") or {}
+        return str(section["type"]).lower() if section.get("type") else None
+
     @classmethod
     def read(cls, tag_dir: Path) -> Manifest | None:
         """The manifest of `tag_dir`, or None when there is none (an incomplete save)."""

@@ -26,6 +26,21 @@ def universal_tag(tag: str) -> str:
     return f"{tag}_universal"
 
 
+def universal_refusal(manifest: Manifest) -> str | None:
+    """Why DeepSpeed cannot make a universal checkpoint of `manifest`'s save, or None.
+
+    Muon: DeepSpeed 0.19's converter reads every parameter's state as Adam's two moments
+    (ds_to_universal's extraction of `exp_avg`), and Muon's matrices keep one momentum
+    buffer instead, so it fails with a KeyError; its universal load has no Muon path either.
+    """
+    if manifest.optimizer == "muon":
+        return (
+            "DeepSpeed's universal checkpoint cannot hold Muon's state (ds_to_universal reads "
+            "Adam's exp_avg for every parameter; Muon's matrices keep one momentum buffer)"
+        )
+    return None
+
+
 def _ds_to_universal(ref: CheckpointRef, staging) -> None:
     cmd = [
         sys.executable,
@@ -57,6 +72,9 @@ def convert_to_universal(ref: CheckpointRef) -> CheckpointRef:
     process."""
     if ref.manifest.universal:
         return ref
+    reason = universal_refusal(ref.manifest)
+    if reason is not None:
+        raise CheckpointError(f"{ref.tag_dir}: no universal checkpoint can be made: {reason}")
     dst_tag = universal_tag(ref.tag)
     dst = ref.out_dir / dst_tag
     existing = Manifest.read(dst)

@@ -124,6 +124,7 @@ class RunPlan:
             "min_lr": ds.min_lr,
             "warmup_iters": ds.warmup_iters,
             "grad_clip": ds.grad_clip,
+            "optimizer": ds.optimizer,
             "deepspeed_config": ds.config,
         }
 
@@ -268,6 +269,9 @@ def check_resume(
     if resume is None:
         return []
     check_zero_stage(resume, ds.zero_stage, world_size, cfg.deepspeed_config)
+    check_optimizer(resume, ds.optimizer)
+    if needs_universal(resume.manifest, world_size):
+        check_convertible(resume, world_size)
     now = Batch(world_size, ds.micro_batch_size, ds.grad_accum, shape.block_size)
     lines = check_batch(resume.manifest, now, cfg.allow_batch_change)
     check_same_data(resume, data_identity)
@@ -290,6 +294,41 @@ def check_zero_stage(ref: CheckpointRef, zero_stage: int, world_size: int, prese
         f"stage that saved it; resume with {saved_with} (the checkpoint's), or start a new run "
         f"from its weights under stage {zero_stage}: --init_from {ref.out_dir}:{ref.tag} "
         "--out_dir NEW_DIR"
+    )
+
+
+def check_optimizer(ref: CheckpointRef, optimizer: str | None) -> None:
+    """A CheckpointError when a resume would load one optimizer's state into another: Muon's
+    momentum and AdamW's two moments are not each other's, and DeepSpeed would fail deep in
+    its load or pair them wrongly. Said before any model or engine is built."""
+    saved = ref.manifest.optimizer
+    if saved is None or optimizer is None:
+        return
+    state = {"adam": "adamw"}  # Adam and AdamW keep the same two moments
+    flag = state.get(saved, saved)
+    if flag == state.get(optimizer, optimizer):
+        return
+    raise CheckpointError(
+        f"--resume: {ref.tag_dir} was saved by a {saved} run and this run's optimizer is "
+        f"{optimizer}: a resume continues the optimizer that saved it (its state is that "
+        f"optimizer's); resume with --optimizer {flag}, or start a new run from its weights "
+        f"with {optimizer}: --init_from {ref.out_dir}:{ref.tag} --out_dir NEW_DIR"
+    )
+
+
+def check_convertible(ref: CheckpointRef, world_size: int) -> None:
+    """A CheckpointError, before any build, where a resume on another world size needs a
+    universal checkpoint that DeepSpeed cannot make from `ref`."""
+    from gpt_ds.checkpoint.universal import universal_refusal  # imported where one is needed
+
+    reason = universal_refusal(ref.manifest)
+    if reason is None:
+        return
+    raise CheckpointError(
+        f"--resume: {ref.tag_dir} was saved by {ref.manifest.world_size} ranks and this run has "
+        f"{world_size}, which needs a universal checkpoint, and {reason}; resume with "
+        f"{ref.manifest.world_size} ranks, or start a new run from its weights: "
+        f"--init_from {ref.out_dir}:{ref.tag} --out_dir NEW_DIR"
     )
 
 
