@@ -106,6 +106,8 @@ class DeepSpeedRun:
     """Bucket, prefetch and persistence sizes; DeepSpeed 0.19's defaults unless given."""
     rank: int | None = None
     """The rank to describe; None: the one holding the most (ZeRO-2 ranks differ slightly)."""
+    optimizer: str = "adamw"
+    """"adamw", or "muon": Muon's momentum for GPT-2's hidden matrices (`muon_states`)."""
 
     @classmethod
     def from_resolved(
@@ -130,6 +132,7 @@ class DeepSpeedRun:
             activation_checkpointing=activation_checkpointing,
             loss=loss,
             zero=ZeroSettings.from_ds_config(zero),
+            optimizer="muon" if resolved.optimizer == "muon" else "adamw",
         )
 
 
@@ -156,7 +159,7 @@ class MemoryEstimate:
     """Gradients on the GPU: the reduced 16-bit (fp32 in fp32 runs) buffer plus the fp32
     partition made for the optimizer step (and ZeRO-3's gathered gradient of one module)."""
     optimizer_states: int
-    """fp32 master weights and Adam's two moments on the GPU."""
+    """fp32 master weights, Adam's two moments and (Muon) Muon's momentum on the GPU."""
     activations: int
     """Saved activations of one micro-batch, logits included."""
     buffers: int
@@ -187,7 +190,8 @@ class MemoryEstimate:
     def resident_model_state_bytes(self) -> int:
         """Model states held on the GPU between steps: weights (ZeRO-3's persistent ones
         included), fp32 master weights and Adam's moments; no gradients, nothing gathered."""
-        keys = ("params_weights", "params_persistent", "master_weights", "adam_moments")
+        keys = ["params_weights", "params_persistent", "master_weights", "adam_moments"]
+        keys.append("muon_momentum")
         return sum(self.detail.get(k, 0) for k in keys)
 
     @property
@@ -288,6 +292,8 @@ def estimate_run(shape: ModelShape, run: DeepSpeedRun) -> MemoryEstimate:
         run.zero,
         run.rank,
     )
+    if run.optimizer == "muon" and not run.offload_optimizer:
+        rank = muon_states(shape, run, gpu, rank)
     act = activation_bytes(
         shape,
         run.micro_batch_size,
@@ -308,7 +314,7 @@ def estimate_run(shape: ModelShape, run: DeepSpeedRun) -> MemoryEstimate:
         num_params=shape.num_params(),
         params=gpu["params_weights"] + gpu["params_persistent"] + gpu["params_gathered"],
         grads=gpu["grads_reduced"] + gpu["grads_fp32_step"] + gpu["grads_gathered"],
-        optimizer_states=gpu["master_weights"] + gpu["adam_moments"],
+        optimizer_states=gpu["master_weights"] + gpu["adam_moments"] + gpu["muon_momentum"],
         activations=sum(act.values()),
         buffers=sum(buffers.values()),
         cpu_model_state_bytes=cpu.model_states,
@@ -360,7 +366,7 @@ def _model_states(
     gpu = dict.fromkeys(
         ["params_weights", "params_persistent", "params_gathered", "grads_reduced"]
         + ["grads_gathered", "grads_fp32_step", "grads_reduced_alive_at_step"]
-        + ["master_weights", "adam_moments"],
+        + ["master_weights", "adam_moments", "muon_momentum"],
         0,
     )
     if stage == 0:
@@ -375,6 +381,81 @@ def _model_states(
     if stage in (1, 2):
         return _zero12_states(shape, stage, offload_optimizer, world, e, rank, gpu)
     return _zero3_states(shape, offload_optimizer, offload_param, world, e, settings, gpu)
+
+
+# DeepSpeed 0.19's ZeRO-3 keeps Muon's all-gather buffers between steps, up to this many bytes
+# (the ZeRO-3 optimizer's _muon_allgather_max_cached_bytes).
+MUON_GATHER_CACHE_BYTES = 256 << 20
+
+
+def is_hidden_matrix(name: str) -> bool:
+    """Muon's half in `parameter_layout`'s names (gpt2.is_muon_matrix: a block's 2-D weights)."""
+    return name.startswith("transformer.h.") and name.endswith(".weight") and ".ln_" not in name
+
+
+def muon_groups(shape: ModelShape) -> list[list[int]]:
+    """The element counts of a Muon run's param groups, in DeepSpeed's order (gpt2.py
+    `param_groups`): the hidden matrices, then wte and wpe, then biases and LayerNorms."""
+    layout = parameter_layout(shape)
+    hidden = [n for name, n in layout if is_hidden_matrix(name)]
+    embedding = ("transformer.wte.weight", "transformer.wpe.weight")
+    embeddings = [n for name, n in layout if name in embedding]
+    vectors = [n for name, n in layout if not is_hidden_matrix(name) and name not in embedding]
+    return [hidden, embeddings, vectors]
+
+
+def muon_states(shape: ModelShape, run: DeepSpeedRun, gpu: dict[str, int], rank: int) -> int:
+    """`gpu` with Muon's state in place of Adam's for the hidden matrices, as DeepSpeed 0.19's
+    MuonWithAuxAdam keeps it; returns the rank described. Offloaded optimizers are counted as
+    AdamW (not measured with Muon).
+
+    Stage 0 and ZeRO-3: one fp32 momentum per hidden element (the partition under ZeRO-3),
+    instead of Adam's two; ZeRO-3 also keeps the all-gather buffers of whole matrices and
+    momenta, up to MUON_GATHER_CACHE_BYTES, and steps each group on its own. ZeRO-1/2
+    (`_zero12_muon`) differ more."""
+    if run.zero_stage in (1, 2):
+        return _zero12_muon(shape, run, gpu)
+    world = max(1, run.world_size) if run.zero_stage == 3 else 1
+    parts = [sum(math.ceil(n / world) for n in sizes) for sizes in muon_groups(shape)]
+    gpu["adam_moments"] -= 8 * parts[0]
+    gpu["muon_momentum"] = 4 * parts[0]
+    if run.zero_stage == 3:
+        e = PRECISION_BYTES[run.precision]  # the buffers are in the communication dtype
+        whole = e * sum(muon_groups(shape)[0]) * (world + 1) // world  # gathered and own
+        gpu["muon_momentum"] += min(MUON_GATHER_CACHE_BYTES, whole)
+        # each group is a sub-group of its own, stepped one at a time: the fp32 step
+        # gradient of the largest one at once
+        gpu["grads_fp32_step"] = 4 * min(max(parts), run.zero.sub_group_size)
+    return rank
+
+
+def _zero12_muon(shape: ModelShape, run: DeepSpeedRun, gpu: dict[str, int]) -> int:
+    """ZeRO-1/2: each param group is partitioned on its own; a rank keeps the whole gradient
+    of every Muon matrix its partition touches (Muon orthogonalises whole matrices) beside the
+    reduced ones, and Muon's momentum, in the gradient's dtype, for those whole matrices, twice
+    (the committed one and the step's staged copy); Adam's moments for the rest only."""
+    e = PRECISION_BYTES[run.precision]
+    groups = [zero12_ranks(sizes, run.world_size) for sizes in muon_groups(shape)]
+
+    def held(r: int) -> tuple[int, int]:
+        """(reduced gradient bytes, Muon's whole-matrix elements) of rank r."""
+        ranks = [g[r] for g in groups]
+        reduced = e * (shape.num_params() if run.zero_stage == 1 else sum(x.overlap for x in ranks))
+        return reduced, ranks[0].overlap
+
+    rank = run.rank if run.rank is not None else max(range(run.world_size), key=lambda r: held(r))
+    reduced, muon = held(rank)
+    hidden, *adamw = (g[rank] for g in groups)
+    gpu["grads_reduced"] = gpu["grads_reduced_alive_at_step"] = reduced + e * muon
+    # the step goes group by group, each group's fp32 gradient made while the later groups'
+    # reduced ones are still held: at most the largest group's beside all reduced gradients
+    # (in fp32 a partition inside one tensor is stepped on a view of its gradient, no copy)
+    copies = [0 if e == 4 and x.single_tensor else 4 * x.partition for x in (hidden, *adamw)]
+    gpu["grads_fp32_step"] = max(copies)
+    gpu["master_weights"] = 4 * (hidden.partition + sum(x.partition for x in adamw))
+    gpu["adam_moments"] = 8 * sum(x.partition for x in adamw)
+    gpu["muon_momentum"] = 2 * e * muon
+    return rank
 
 
 def _cpu(**kw: int) -> dict[str, int]:

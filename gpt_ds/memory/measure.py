@@ -90,13 +90,18 @@ def _count_params(count: _Storages, engine, opt) -> None:
 
 
 def _count_optimizer_states(count: _Storages, opt) -> list:
-    """fp32 master copies, then the inner optimizer's state (m, v, step); returns the masters."""
+    """fp32 master copies, then the inner optimizer's state (m, v, step; Muon's momentum and its
+    working copies); returns the masters."""
     inner = getattr(opt, "optimizer", None) or opt
     masters = []
     for name in _MASTER_WEIGHTS:
         masters += list(getattr(opt, name, None) or [])
     count.add("optimizer_states", masters)
     count.add("optimizer_states", [s for s in getattr(inner, "state", {}).values()])
+    # Muon: ZeRO-1/2's staged momentum (beside its master, counted above), ZeRO-3's cached
+    # all-gather buffers of whole matrices and momenta
+    count.add("optimizer_states", getattr(opt, "_muon_pending_momentum", None))
+    count.add("optimizer_states", getattr(opt, "_muon_allgather_buffers", None))
     return masters
 
 

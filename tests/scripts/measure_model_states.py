@@ -1,13 +1,15 @@
 """Measure the model-state bytes each rank of a live DeepSpeed engine holds; print with predictions.
 
 Launched by tests/test_memory_measured.py through `deepspeed --num_gpus N`. For each
-`STAGE:PRECISION` in --configs it builds a fresh GPT-2 (gpt_ds.model.gpt2.build_model), runs
-`deepspeed.initialize` with an inline config (AdamW, no "auto"), takes one full step so Adam
-has its state, then on a second step measures twice with
-gpt_ds.memory.measured_model_state_bytes: after backward, and from inside the inner
-optimizer's step (when the fp32 gradient partition exists). Each rank prints one line per
-config to --out_dir/rank{R}.jsonl (one file per rank: launcher output interleaves) with
-both measurements and gpt_ds.memory.estimate_run's prediction for that rank (`phase_bytes`).
+`STAGE:PRECISION[:muon]` in --configs it builds a fresh GPT-2 (gpt_ds.model.gpt2.build_model),
+runs `deepspeed.initialize` with an inline config (AdamW, or Muon with gpt_ds's split and
+groups; no "auto"), takes one full step so the optimizer has its state, then on a second
+step measures twice with gpt_ds.memory.measured_model_state_bytes: after backward, and from
+inside the inner optimizer's step (when the fp32 gradient partition exists; the largest of
+the calls, as DeepSpeed steps param groups or sub-groups one at a time). Each rank prints
+one line per config to --out_dir/rank{R}.jsonl (one file per rank: launcher output
+interleaves) with both measurements and gpt_ds.memory.estimate_run's prediction for that
+rank (`phase_bytes`).
 
 A step is one sequence of 16 tokens by default: model states do not depend on the tokens, and
 on CPUs without AVX-512 BF16 bf16 is emulated, so every token costs.
@@ -16,6 +18,7 @@ on CPUs without AVX-512 BF16 bf16 is emulated, so every token costs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -25,30 +28,44 @@ import torch.distributed as tdist
 
 from gpt_ds.memory.estimate import DeepSpeedRun, MemoryEstimate, ZeroSettings, estimate_run
 from gpt_ds.memory.measure import measured_model_state_bytes
-from gpt_ds.model.gpt2 import build_model, resolve_shape
+from gpt_ds.model.gpt2 import build_model, param_groups, resolve_shape
+from gpt_ds.training.engine_build import gpt2_muon_split
 
 REDUCE_BUCKET = 5_000_000  # small: the buckets are not measured, and CPU RAM is shared
 
 
-def ds_config(stage: int, precision: str, world: int, micro: int) -> dict:
+MUON = {"type": "Muon", "params": {"lr": 1e-4, "muon_lr": 0.02, "momentum": 0.95}}
+
+
+def ds_config(stage: int, precision: str, world: int, micro: int, optimizer: str) -> dict:
+    zero = {"stage": stage, "reduce_bucket_size": REDUCE_BUCKET}
+    if optimizer == "muon" and stage == 3:
+        zero["reduce_scatter"] = False  # DeepSpeed's ZeRO-3 Muon refuses it
     return {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": 1,
         "train_batch_size": micro * world,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}},
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": REDUCE_BUCKET},
+        "optimizer": MUON
+        if optimizer == "muon"
+        else {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}},
+        "zero_optimization": zero,
         "bf16": {"enabled": precision == "bf16"},
         "steps_per_print": 1_000_000,
     }
 
 
-def measure(stage: int, precision: str, args: argparse.Namespace) -> dict:
+def measure(stage: int, precision: str, optimizer: str, args: argparse.Namespace) -> dict:
     shape = resolve_shape(args.model, block_size=args.block_size)
     world, rank = tdist.get_world_size(), tdist.get_rank()
     torch.manual_seed(0)
     model = build_model(shape)
-    cfg = ds_config(stage, precision, world, args.micro_batch_size)
-    engine = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+    cfg = ds_config(stage, precision, world, args.micro_batch_size, optimizer)
+    groups = model.parameters()
+    split = contextlib.nullcontext()
+    if optimizer == "muon":  # gpt_ds's split and groups, as engine_build makes them
+        groups, split = param_groups(model, 0.0, muon_weight_decay=0.0), gpt2_muon_split()
+    with split:
+        engine = deepspeed.initialize(model=model, model_parameters=groups, config=cfg)[0]
     tokens = torch.randint(0, shape.vocab_size, (args.micro_batch_size, shape.block_size))
 
     def forward_backward() -> None:
@@ -62,9 +79,10 @@ def measure(stage: int, precision: str, args: argparse.Namespace) -> dict:
     at_step: dict[str, int] = {}
     real_step = inner.step
 
-    def step_and_measure(*a, **kw):
-        if not at_step:
-            at_step.update(measured_model_state_bytes(engine))
+    def step_and_measure(*a, **kw):  # ZeRO-3 steps each sub-group: keep the largest
+        now = measured_model_state_bytes(engine)
+        if now["total"] > at_step.get("total", 0):
+            at_step.update(now)
         return real_step(*a, **kw)
 
     inner.step = step_and_measure
@@ -81,12 +99,14 @@ def measure(stage: int, precision: str, args: argparse.Namespace) -> dict:
         activation_checkpointing=False,
         zero=ZeroSettings(reduce_bucket_size=REDUCE_BUCKET),
         rank=rank,
+        optimizer=optimizer,
     )
     est = estimate_run(shape, run)
     result = {
         "rank": rank,
         "stage": stage,
         "precision": precision,
+        "optimizer": optimizer,
         "num_params": shape.num_params(),
         "measured": {"after_backward": after_backward, "optimizer_step": at_step},
         "predicted": phase_bytes(est),
@@ -124,8 +144,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
         for spec in args.configs.split(","):
-            stage, precision = spec.split(":")
-            f.write(json.dumps(measure(int(stage), precision, args)) + "\n")
+            stage, precision, *optimizer = spec.split(":")
+            result = measure(int(stage), precision, optimizer[0] if optimizer else "adamw", args)
+            f.write(json.dumps(result) + "\n")
             f.flush()
             tdist.barrier()
     tdist.destroy_process_group()
