@@ -520,3 +520,26 @@ def test_the_loss_kinds_order_as_their_arithmetic_says():
     assert "DeepSpeed's loss 3.07 GiB" in est["deepspeed"].format()
     with pytest.raises(ConfigError, match="loss must be one of chunked, deepspeed, full"):
         run(shape, loss="fused")
+
+
+def test_the_picker_counts_muons_state_and_its_command_trains_with_it(capsys):
+    """GPT-2 XL on 4 x 18 GB: Muon's one momentum for the hidden matrices (95% of XL) leaves
+    ZeRO-1 room where AdamW's two moments need ZeRO-2; every row without offload holds less,
+    the offloaded ones (counted as Adam) the same, and the command passes --optimizer muon.
+    How close the model is to a live Muon engine: tests/test_memory_measured.py."""
+    hardware = ["--model", "gpt2-xl", "--gpus_per_node", "4", "--gpu_memory_gb", "18"]
+    hardware += ["--global_batch_size", "64", "--precision", "bf16", "--json"]
+    choices = {}
+    for optimizer in ("adamw", "muon"):
+        assert _pick_main()([*hardware, "--optimizer", optimizer]) == 0
+        choices[optimizer] = json.loads(capsys.readouterr().out)
+    adamw, muon = choices["adamw"], choices["muon"]
+    assert adamw["recommendation"]["preset"] == "ds_configs/zero2.json"
+    assert muon["recommendation"]["preset"] == "ds_configs/zero1.json"
+    assert muon["optimizer"] == "muon"
+    assert "--optimizer muon" in muon["recommendation"]["command"]
+    assert "--optimizer" not in adamw["recommendation"]["command"]
+    for a, m in zip(adamw["candidates"], muon["candidates"], strict=True):
+        ours, theirs = (c["estimate_at_micro_batch_1"]["total"] for c in (m, a))
+        assert (ours == theirs) if a["offload_optimizer"] else (ours < theirs), (a["name"], m)
+    assert any("--optimizer muon" in line for line in muon["assumptions"])

@@ -47,6 +47,7 @@ class RunArgs:
     init_from: str | None = None
     block_size: int | None = None
     lr: float | None = None
+    optimizer: str = "adamw"
 
     def model_flags(self) -> list[str]:
         """--init_from (train.py takes the shape from the weights), or nothing."""
@@ -57,7 +58,8 @@ class RunArgs:
         )
 
     def train_flags(self) -> list[str]:
-        return ["--lr", f"{self.lr:g}"] if self.lr is not None else []
+        flags = ["--optimizer", "muon"] if self.optimizer == "muon" else []
+        return flags + (["--lr", f"{self.lr:g}"] if self.lr is not None else [])
 
 
 def model_flags(shape: ModelShape, model_name: str | None) -> list[str]:
@@ -152,11 +154,23 @@ class PickPresetOptions:
         group=_TRAINING,
     )
     lr: float | None = option(None, "peak learning rate for the printed command", group=_TRAINING)
+    optimizer: str = option(
+        "adamw",
+        "the optimizer whose state is counted: adamw, or muon (train.py --optimizer muon: "
+        "Muon's one momentum for the hidden matrices)",
+        choices=("adamw", "muon"),
+        group=_TRAINING,
+    )
     json: bool = option(False, "print JSON instead of the table")
 
     def run_args(self) -> RunArgs:
         """The train.py flags the printed command passes through."""
-        return RunArgs(init_from=self.init_from, block_size=self.block_size, lr=self.lr)
+        return RunArgs(
+            init_from=self.init_from,
+            block_size=self.block_size,
+            lr=self.lr,
+            optimizer=self.optimizer,
+        )
 
     def hardware(self) -> Hardware:
         """The cluster: the options named like Hardware's fields (checked by
@@ -202,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             global_batch_size=options.global_batch_size,
             precision=options.precision,
             model_name=options.model,
+            optimizer=options.optimizer,
         )
         choice = with_command(choice, options.run_args())
         print(json.dumps(choice.to_dict(), indent=2) if options.json else format_choice(choice))

@@ -180,6 +180,8 @@ class PresetChoice:
     notes: list[str]
     command: str | None = None
     """The launch command of the recommendation: the command module's to fill in."""
+    optimizer: str = "adamw"
+    """What the optimizer states are: "adamw", or "muon" (estimate.muon_states)."""
 
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommendation
@@ -196,6 +198,7 @@ class PresetChoice:
                 "usable_cpu_bytes": self.hardware.usable_cpu_bytes,
             },
             "precision": self.precision,
+            "optimizer": self.optimizer,
             "target_global_batch": self.target_global_batch,
             "candidates": [c.to_dict() for c in self.candidates],
             "rule": RULE,
@@ -257,11 +260,24 @@ def _times(shape: ModelShape, c: Candidate, hw: Hardware, precision: str) -> Non
 
 
 def preset_run(
+    preset: str | None,
+    shape: ModelShape,
+    hw: Hardware,
+    precision: str,
+    config_dir: Path,
+    optimizer: str = "adamw",
+) -> DeepSpeedRun:
+    """The run a preset describes on `hw` at micro-batch 1 with `optimizer`, resolved as the
+    trainer resolves it (run/plan.py), with the facts of the cluster planned for (not of the
+    machine the picker runs on); None: the stage-0 baseline, DeepSpeed's defaults."""
+    return dataclasses.replace(
+        _preset_run(preset, shape, hw, precision, config_dir), optimizer=optimizer
+    )
+
+
+def _preset_run(
     preset: str | None, shape: ModelShape, hw: Hardware, precision: str, config_dir: Path
 ) -> DeepSpeedRun:
-    """The run a preset describes on `hw` at micro-batch 1, resolved as the trainer resolves
-    it (run/plan.py), with the facts of the cluster planned for (not of the machine the picker
-    runs on); None: the stage-0 baseline, DeepSpeed's defaults."""
     if preset is None:
         return DeepSpeedRun(
             zero_stage=0,
@@ -370,7 +386,7 @@ def _choose(cands: list[Candidate]) -> Candidate | None:
     )
 
 
-def assumptions(hw: Hardware, precision: str) -> list[str]:
+def assumptions(hw: Hardware, precision: str, optimizer: str = "adamw") -> list[str]:
     """The assumptions behind every figure of a choice, one sentence each, with the values
     used."""
     tflops = hw.gpu_tflops or DEFAULT_GPU_TFLOPS[precision]
@@ -391,7 +407,8 @@ def assumptions(hw: Hardware, precision: str) -> list[str]:
         "(the 10% absorbs allocator fragmentation and transient peaks)",
         "model states (ZeRO paper, DeepSpeed 0.19 as measured): 16-bit weights 2P, 16-bit grads "
         "2P, fp32 master 4P + Adam m, v 8P; + the fp32 copy of the gradient partition made at the "
-        "optimizer step (4P/N); fp32 runs: 4-byte weights and grads (stage 0: no master copy)",
+        "optimizer step (4P/N); fp32 runs: 4-byte weights and grads (stage 0: no master copy)"
+        + _muon_assumption(optimizer),
         f"activations (SDPA attention, dropout 0): {ACT_BYTES_PER_SBH_16BIT}*s*b*h bytes per "
         "layer at 16 bits (Korthikanti's 34, as measured on GPT-2 with torch's tanh GELU; no "
         "a*s^2 term: SDPA never stores the attention matrix); checkpointing: 2*s*b*h per layer "
@@ -424,12 +441,13 @@ def choose_preset(
     precision: str,
     model_name: str | None = None,
     config_dir: Path = DS_CONFIG_DIR,
+    optimizer: str = "adamw",
 ) -> PresetChoice:
     """Every candidate's memory, fit, batch split, traffic and time, and one recommendation."""
     _check_inputs(shape, hardware, global_batch_size, precision)
     cands = []
     for preset in CANDIDATES:
-        base = preset_run(preset, shape, hardware, precision, config_dir)
+        base = preset_run(preset, shape, hardware, precision, config_dir, optimizer)
         for ckpt in (False, True):
             cands.append(_candidate(shape, hardware, global_batch_size, preset, base, ckpt))
     rec = _choose(cands)
@@ -441,8 +459,20 @@ def choose_preset(
         target_global_batch=global_batch_size,
         candidates=cands,
         recommendation=rec,
-        assumptions=assumptions(hardware, precision),
+        assumptions=assumptions(hardware, precision, optimizer),
         notes=_notes(hardware, global_batch_size, rec),
+        optimizer=optimizer,
+    )
+
+
+def _muon_assumption(optimizer: str) -> str:
+    if optimizer != "muon":
+        return ""
+    return (
+        "; --optimizer muon: the hidden matrices keep Muon's momentum instead of Adam's m, v "
+        "(ZeRO-1/2: for the whole matrices a rank's partition touches, in the gradient's dtype, "
+        "twice, beside their whole gradients; ZeRO-3: 4 bytes per partition element and "
+        "all-gather buffers up to 256 MiB; offloaded optimizers counted as Adam)"
     )
 
 
