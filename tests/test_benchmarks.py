@@ -167,3 +167,32 @@ def test_gpu_check_stopped_by_its_budget_keeps_what_it_measured(shakespeare_dir,
     for m in measured:
         assert f"| gpt2-tiny ZeRO-2 | {m['row']} | {m['rep']} |" in md
     assert proc.returncode == 1  # a step that did not finish
+
+
+@pytest.mark.slow
+def test_optimizers_benchmark_sweeps_keeps_the_best_lr_and_prints_both_rows(
+    shakespeare_dir, tmp_path
+):
+    """Three launches: AdamW at two lrs, Muon at one; the table keeps AdamW's lower final val
+    loss, and AdamW's own run reaches its final at its last evaluation: all its tokens."""
+    proc = run_benchmark(
+        "optimizers",
+        "--model", "gpt2-tiny", "--block_size", "64", "--micro_batch_size", "2",
+        "--max_iters", "4", "--warmup_iters", "1", "--eval_interval", "2", "--eval_iters", "1",
+        "--seeds", "1", "--adamw_lrs", "6e-4", "2e-3", "--muon_lrs", "0.02",
+        data_dir=shakespeare_dir,
+        work_dir=tmp_path,
+        timeout=900,
+    )  # fmt: skip
+    out = proc.stdout
+    swept = dict(re.findall(r"^  adamw_lr([\d.e-]+)_seed1337: final val loss ([\d.]+)", out, re.M))
+    assert len(swept) == 2, out
+    best = min(swept, key=lambda lr: float(swept[lr]))
+    rows = re.findall(r"^\| (AdamW|Muon[^|]*) \| ([\d.e-]+) \| 1 \| ([\d.]+) \(1 seed\) \| "
+                      r"([^|]+) \| ([\d,]+) \| ([\d.]+) GiB \|$", out, re.M)  # fmt: skip
+    assert [r[0].split()[0] for r in rows] == ["AdamW", "Muon"], out
+    adamw, muon = rows
+    assert float(adamw[1]) == float(best) and adamw[2] == swept[best]
+    assert adamw[3].strip() == "1,024 (100%)", out  # 4 steps of 2 ranks x 2 x 64 tokens
+    assert float(muon[1]) == 0.02 and float(muon[5]) > 0.1
+    assert "AdamW's final val loss" in out and f"{float(swept[best]):.4f} is the target" in out
