@@ -45,6 +45,8 @@ class Source:
     min_lr: float
     zero_stage: int
     hellaswag: bool = True
+    optimizer: str = "adamw"
+    grad_clip: float = 1.0
 
 
 SOURCES = {  # llm.c's scripts/run_gpt2_*.sh and build-nanogpt's train_gpt2.py, as the headers say
@@ -55,6 +57,10 @@ SOURCES = {  # llm.c's scripts/run_gpt2_*.sh and build-nanogpt's train_gpt2.py, 
         4, (48, 1600), 65_536, 2_000, 100, 3e-5, 3e-6, 3, hellaswag=False
     ),
     "gpt2_124m_two_nodes_1gbps.yaml": Source(8, (12, 768), 1_048_576, 9_537, 358, 6e-4, 6e-5, 1),
+    # the 124M recipe with Muon, 90% of its steps (the recipe's header says why)
+    "gpt2_124m_muon.yaml": Source(
+        8, (12, 768), 524_288, 17_166, 715, 6e-4, 6e-5, 1, optimizer="muon", grad_clip=0.0
+    ),
 }
 
 
@@ -149,7 +155,8 @@ def test_each_recipe_plans_its_sources_run(name, shakespeare_dir, tmp_path):
     assert (plan.shape.n_layer, plan.shape.n_embd) == want.layers_width
     assert plan.ds.train_batch_size * plan.shape.block_size == want.tokens_per_step
     assert (plan.length.max_iters, plan.ds.warmup_iters) == (want.steps, want.warmup)
-    assert (plan.ds.lr, plan.ds.grad_clip) == (want.lr, 1.0)
+    assert (plan.ds.lr, plan.ds.grad_clip) == (want.lr, want.grad_clip)
+    assert plan.ds.optimizer == want.optimizer
     assert plan.ds.min_lr == pytest.approx(want.min_lr, abs=1e-12)
     params = plan.ds.config["optimizer"]["params"]
     assert params["betas"] == [0.9, 0.95] and params["weight_decay"] == 0.1
@@ -292,13 +299,14 @@ def test_a_tiny_twin_of_the_xl_fine_tune_trains_under_zero3(shakespeare_dir, tmp
     assert train[-1]["iter"] == 2 and all(0 < r["lr"] <= 3e-5 for r in train)
 
 
-def test_the_124m_recipes_hours_follow_the_measured_throughput():
+@pytest.mark.parametrize("name", ["gpt2_124m_fineweb_edu_10b.yaml", "gpt2_124m_muon.yaml"])
+def test_the_124m_recipes_hours_follow_the_measured_throughput(name):
     """The header's hours: its tokens at gpt_ds's tokens/s on one H200 as BENCHMARKS.md has it."""
     table = BENCHMARKS.read_text()
     row = re.search(r"^\| H200 \| gpt_ds \(defaults[^|]*\| ([\d,]+) \|", table, re.M)
     assert row, "BENCHMARKS.md: no H200 row of gpt_ds's defaults"
     tokens_per_s = int(row[1].replace(",", ""))
-    said = header(GPT2_124M)
+    said = header(RECIPES / name)
     assert f"at the {tokens_per_s:,} tokens/s BENCHMARKS.md measured on one H200" in said
-    hours = 19_073 * 524_288 / tokens_per_s / 3600
+    hours = SOURCES[name].steps * SOURCES[name].tokens_per_step / tokens_per_s / 3600
     assert f"is {hours:.1f} h on one H200" in said and f"~{hours / 8:.1f} h" in said

@@ -1,5 +1,6 @@
 """Build a run's engine as gpt_ds/train.py does (plan_run, build_engine), train four steps and
-write, from rank 0, the optimizer's groups as the engine holds them and the losses, as JSON:
+write, from rank 0, the optimizer's groups as the engine holds them, the losses and the norm of
+Muon's committed momentum (rank 0's part), as JSON:
 what tests/test_muon.py compares with GPT-2's Muon split. Arguments: train.py's flags, then
 `--groups_json PATH`."""
 
@@ -38,9 +39,12 @@ def main() -> None:
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    momenta = [s["momentum_buffer"] for s in inner.state.values() if "momentum_buffer" in s]
+    momentum = sum(m.float().norm().item() ** 2 for m in momenta) ** 0.5
     if dist.is_main():
         with open(out, "w") as f:
-            json.dump({"groups": groups, "losses": losses}, f)
+            json.dump({"groups": groups, "losses": losses, "momentum_norm": momentum}, f)
     torch.distributed.destroy_process_group()
 
 
