@@ -190,9 +190,8 @@ class MemoryEstimate:
     def resident_model_state_bytes(self) -> int:
         """Model states held on the GPU between steps: weights (ZeRO-3's persistent ones
         included), fp32 master weights and Adam's moments; no gradients, nothing gathered."""
-        keys = ["params_weights", "params_persistent", "master_weights", "adam_moments"]
-        keys.append("muon_momentum")
-        return sum(self.detail.get(k, 0) for k in keys)
+        keys = ("params_weights", "params_persistent", "master_weights", "adam_moments")
+        return self.detail.get("muon_momentum", 0) + sum(self.detail.get(k, 0) for k in keys)
 
     @property
     def startup_bytes(self) -> int:
@@ -416,12 +415,13 @@ def muon_states(shape: ModelShape, run: DeepSpeedRun, gpu: dict[str, int], rank:
     if run.zero_stage in (1, 2):
         return _zero12_muon(shape, run, gpu)
     world = max(1, run.world_size) if run.zero_stage == 3 else 1
-    parts = [sum(math.ceil(n / world) for n in sizes) for sizes in muon_groups(shape)]
+    groups = muon_groups(shape)
+    parts = [sum(math.ceil(n / world) for n in sizes) for sizes in groups]
     gpu["adam_moments"] -= 8 * parts[0]
     gpu["muon_momentum"] = 4 * parts[0]
     if run.zero_stage == 3:
         e = PRECISION_BYTES[run.precision]  # the buffers are in the communication dtype
-        whole = e * sum(muon_groups(shape)[0]) * (world + 1) // world  # gathered and own
+        whole = e * sum(groups[0]) * (world + 1) // world  # gathered and own
         gpu["muon_momentum"] += min(MUON_GATHER_CACHE_BYTES, whole)
         # each group is a sub-group of its own, stepped one at a time: the fp32 step
         # gradient of the largest one at once
@@ -443,7 +443,7 @@ def _zero12_muon(shape: ModelShape, run: DeepSpeedRun, gpu: dict[str, int]) -> i
         reduced = e * (shape.num_params() if run.zero_stage == 1 else sum(x.overlap for x in ranks))
         return reduced, ranks[0].overlap
 
-    rank = run.rank if run.rank is not None else max(range(run.world_size), key=lambda r: held(r))
+    rank = run.rank if run.rank is not None else max(range(run.world_size), key=held)
     reduced, muon = held(rank)
     hidden, *adamw = (g[rank] for g in groups)
     gpu["grads_reduced"] = gpu["grads_reduced_alive_at_step"] = reduced + e * muon
