@@ -30,7 +30,7 @@ from typing import Any
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
-from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, shape_problems
+from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, is_muon_matrix, shape_problems
 
 # What of a run costs memory besides the model: the zero_optimization sizes (`ZeroSettings`,
 # from a DeepSpeed config or preset) and the run itself (`DeepSpeedRun`).
@@ -387,20 +387,15 @@ def _model_states(
 MUON_GATHER_CACHE_BYTES = 256 << 20
 
 
-def is_hidden_matrix(name: str) -> bool:
-    """Muon's half in `parameter_layout`'s names (gpt2.is_muon_matrix: a block's 2-D weights)."""
-    return name.startswith("transformer.h.") and name.endswith(".weight") and ".ln_" not in name
-
-
 def muon_groups(shape: ModelShape) -> list[list[int]]:
     """The element counts of a Muon run's param groups, in DeepSpeed's order (gpt2.py
     `param_groups`): the hidden matrices, then wte and wpe, then biases and LayerNorms."""
-    layout = parameter_layout(shape)
-    hidden = [n for name, n in layout if is_hidden_matrix(name)]
     embedding = ("transformer.wte.weight", "transformer.wpe.weight")
-    embeddings = [n for name, n in layout if name in embedding]
-    vectors = [n for name, n in layout if not is_hidden_matrix(name) and name not in embedding]
-    return [hidden, embeddings, vectors]
+    groups: list[list[int]] = [[], [], []]
+    for name, dims in parameter_layout(shape):
+        group = 0 if is_muon_matrix(name, dims) else 1 if name in embedding else 2
+        groups[group].append(math.prod(dims))
+    return groups
 
 
 def muon_states(shape: ModelShape, run: DeepSpeedRun, gpu: dict[str, int], rank: int) -> int:
@@ -478,7 +473,7 @@ def _zero12_states(
     gpu: dict[str, int],
 ) -> tuple[dict[str, int], dict[str, int], int]:
     """ZeRO-1/2: whole weights; gradients and optimizer states of the rank's partition."""
-    sizes = [n for _, n in parameter_layout(shape)]
+    sizes = parameter_sizes(shape)
     ranks = zero12_ranks(sizes, world)
 
     def grads(r: Zero12Rank) -> tuple[int, int, int]:
@@ -568,27 +563,33 @@ def _buffers(
 # Where GPT-2's parameters lie: the tensors in order, and ZeRO's partition of them per rank.
 
 
-def parameter_layout(shape: ModelShape) -> list[tuple[str, int]]:
-    """(name, elements) of GPT2LMHeadModel's parameters in `model.parameters()` order.
+def parameter_layout(shape: ModelShape) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of GPT2LMHeadModel's parameters in `model.parameters()` order, each weight
+    as transformers stores it (Conv1D's are (in, out)).
 
     lm_head.weight is tied to transformer.wte.weight and so appears once, as DeepSpeed sees it.
     """
     d, f = shape.n_embd, 4 * shape.n_embd
-    out = [
-        ("transformer.wte.weight", shape.vocab_size * d),
-        ("transformer.wpe.weight", shape.block_size * d),
+    out: list[tuple[str, tuple[int, ...]]] = [
+        ("transformer.wte.weight", (shape.vocab_size, d)),
+        ("transformer.wpe.weight", (shape.block_size, d)),
     ]
     for i in range(shape.n_layer):
         p = f"transformer.h.{i}."
         out += [
-            (p + "ln_1.weight", d), (p + "ln_1.bias", d),
-            (p + "attn.c_attn.weight", d * 3 * d), (p + "attn.c_attn.bias", 3 * d),
-            (p + "attn.c_proj.weight", d * d), (p + "attn.c_proj.bias", d),
-            (p + "ln_2.weight", d), (p + "ln_2.bias", d),
-            (p + "mlp.c_fc.weight", d * f), (p + "mlp.c_fc.bias", f),
-            (p + "mlp.c_proj.weight", f * d), (p + "mlp.c_proj.bias", d),
+            (p + "ln_1.weight", (d,)), (p + "ln_1.bias", (d,)),
+            (p + "attn.c_attn.weight", (d, 3 * d)), (p + "attn.c_attn.bias", (3 * d,)),
+            (p + "attn.c_proj.weight", (d, d)), (p + "attn.c_proj.bias", (d,)),
+            (p + "ln_2.weight", (d,)), (p + "ln_2.bias", (d,)),
+            (p + "mlp.c_fc.weight", (d, f)), (p + "mlp.c_fc.bias", (f,)),
+            (p + "mlp.c_proj.weight", (f, d)), (p + "mlp.c_proj.bias", (d,)),
         ]  # fmt: skip
-    return out + [("transformer.ln_f.weight", d), ("transformer.ln_f.bias", d)]
+    return out + [("transformer.ln_f.weight", (d,)), ("transformer.ln_f.bias", (d,))]
+
+
+def parameter_sizes(shape: ModelShape) -> list[int]:
+    """The element counts of `parameter_layout`, in its order."""
+    return [math.prod(dims) for _, dims in parameter_layout(shape)]
 
 
 def largest_module_params(shape: ModelShape) -> int:
@@ -639,7 +640,7 @@ def zero3_layout(shape: ModelShape, world: int, settings: ZeroSettings) -> Zero3
     """DeepSpeed ZeRO-3's partition of every parameter (each padded to N) and its persistent
     parameters (the small ones, up to the model-wide cap), kept whole on every rank."""
     partition = persistent = 0
-    for _, n in parameter_layout(shape):
+    for n in parameter_sizes(shape):
         partition += math.ceil(n / world)
         within_model_cap = persistent + n <= settings.model_persistence_threshold
         if n <= settings.param_persistence_threshold and within_model_cap:

@@ -269,15 +269,8 @@ def preset_run(
 ) -> DeepSpeedRun:
     """The run a preset describes on `hw` at micro-batch 1 with `optimizer`, resolved as the
     trainer resolves it (run/plan.py), with the facts of the cluster planned for (not of the
-    machine the picker runs on); None: the stage-0 baseline, DeepSpeed's defaults."""
-    return dataclasses.replace(
-        _preset_run(preset, shape, hw, precision, config_dir), optimizer=optimizer
-    )
-
-
-def _preset_run(
-    preset: str | None, shape: ModelShape, hw: Hardware, precision: str, config_dir: Path
-) -> DeepSpeedRun:
+    machine the picker runs on); None: the stage-0 baseline, DeepSpeed's defaults. The preset's
+    own optimizer section is AdamW's; `optimizer` says whose states the estimate counts."""
     if preset is None:
         return DeepSpeedRun(
             zero_stage=0,
@@ -289,6 +282,7 @@ def _preset_run(
             precision=precision,
             activation_checkpointing=False,
             loss=LOSS,
+            optimizer=optimizer,
         )
     settings = RunSettings(
         world_size=hw.world_size,
@@ -300,13 +294,14 @@ def _preset_run(
     path = config_dir / preset
     cluster = MachineFacts.gpu_cluster(hw.world_size, hw.gpus_per_node, precision)
     resolved = resolve_ds_config(load_ds_config(path), settings, facts=cluster, source=str(path))
-    return DeepSpeedRun.from_resolved(
+    run = DeepSpeedRun.from_resolved(
         resolved,
         world_size=hw.world_size,
         gpus_per_node=hw.gpus_per_node,
         activation_checkpointing=False,
         loss=LOSS,
     )
+    return dataclasses.replace(run, optimizer=optimizer)
 
 
 def candidate_name(run: DeepSpeedRun) -> str:
