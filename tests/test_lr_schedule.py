@@ -18,7 +18,7 @@ from helpers.machine import here
 from support.launch import TRAIN, tiny_run_args
 from support.runs import train_losses, train_lrs
 
-from gpt_ds.dsconfig.lr_schedule import with_schedule, wsd_factor
+from gpt_ds.dsconfig.optimization import with_schedule, wsd_factor
 from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.dsconfig.settings import RunSettings

@@ -17,20 +17,14 @@ for both halves, and gpt_ds hands this one to the Muon half as its param group's
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from gpt_ds.dsconfig.settings import ADAMW_DEFAULTS
+from gpt_ds.dsconfig.settings import ADAMW_DEFAULTS, MUON_KEYS, Resolution
 
 if TYPE_CHECKING:
     from gpt_ds.model.gpt2 import ModelShape
 
 MUON_DEFAULTS: dict[str, float] = {"muon_lr": 0.02, "momentum": 0.95, "muon_weight_decay": 0.01}
-# (config key, RunSettings field) of each Muon setting a flag can give
-MUON_KEYS = (
-    ("muon_lr", "muon_lr"),
-    ("momentum", "muon_momentum"),
-    ("muon_weight_decay", "muon_weight_decay"),
-)
 _SECTIONS = {  # with_optimizer deep-copies them, betas' list included
     "adamw": {"type": "AdamW", "params": {"lr": "auto", **ADAMW_DEFAULTS}},
     "muon": {
@@ -58,9 +52,9 @@ def with_optimizer(ds_config: dict, optimizer: str | None) -> dict:
     return ds_config
 
 
-def fill_muon(r: Any, params: dict, schedule: str | None) -> None:
+def fill_muon(r: Resolution, params: dict, schedule: str | None) -> None:
     """Fill a Muon section's settings from the flags or Muon's defaults, and check what only
-    Muon needs; `r` is the resolution (resolve.py's `_Resolver`), which collects both."""
+    Muon needs; `r`, the resolution, collects both."""
     for key, field in MUON_KEYS:
         where = f"optimizer.params.{key}"
         params[key], _ = r.pick(where, params.get(key), field, MUON_DEFAULTS[key])
@@ -90,7 +84,7 @@ def fill_muon(r: Any, params: dict, schedule: str | None) -> None:
     )
 
 
-def flags_without_muon(r: Any) -> None:
+def flags_without_muon(r: Resolution) -> None:
     """A Muon flag given to a run whose optimizer is not Muon: a problem, not ignored."""
     given = [r.run.flag(field) for _, field in MUON_KEYS if getattr(r.run, field) is not None]
     if given:

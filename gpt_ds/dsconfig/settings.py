@@ -2,13 +2,14 @@
 (`RunSettings`: command-line values, their one check and their documented defaults) and the
 facts of the machine it runs on (`MachineFacts`: probed once at start by run/machine.py
 `probe_machine`, or stated for a cluster the picker plans for). dsconfig/resolve.py turns
-config + settings + facts into the resolved config, probing nothing."""
+config + settings + facts into the resolved config, probing nothing; the sections it hands to
+other modules (dsconfig/optimization.py, muon.py) see the resolution as a `Resolution`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 from gpt_ds.dsconfig.optimizer import AdamFacts
 from gpt_ds.dsconfig.precision import PRECISIONS
@@ -33,6 +34,14 @@ CLI_FLAGS = {
     "muon_momentum": "--muon_momentum",
     "muon_weight_decay": "--muon_weight_decay",
 }
+
+# (config key, RunSettings field) of each Muon setting a flag can give (dsconfig/muon.py fills
+# them; a run without Muon refuses them)
+MUON_KEYS = (
+    ("muon_lr", "muon_lr"),
+    ("momentum", "muon_momentum"),
+    ("muon_weight_decay", "muon_weight_decay"),
+)
 
 
 @dataclass(kw_only=True)
@@ -176,3 +185,26 @@ class MachineFacts:
             fp16_refusal=None,
             adam=AdamFacts(accelerator="cuda", prebuilt=True),
         )
+
+
+def is_set(value: Any) -> TypeGuard[Any]:
+    """A concrete config value: present and not "auto" (any JSON value: not None for mypy)."""
+    return value is not None and value != "auto"
+
+
+class Resolution(Protocol):
+    """One resolution of a DeepSpeed config (resolve.py's), as the modules that fill a section
+    of it see it: the config being filled, what it is filled from, and the problems and notes
+    collected so far."""
+
+    ds_config: dict
+    run: RunSettings
+    source: str
+    facts: MachineFacts
+    problems: list[str]
+    notes: list[str]
+
+    def pick(self, key: str, ds_value: Any, run_field: str, default: Any = None) -> Any:
+        """(value, where it came from) for `key`: the config's if concrete, else the run's,
+        else `default`; concrete in both and different is a problem."""
+        ...

@@ -22,7 +22,7 @@ from gpt_ds.checkpoint.integrity import ALLOW_HELP
 from gpt_ds.checkpoint.manifest import replayed_flags
 from gpt_ds.data.mixture import DEFAULT_DATA_DIR, data_specs
 from gpt_ds.data.tokens import rebuild_command
-from gpt_ds.dsconfig.lr_schedule import SCHEDULES
+from gpt_ds.dsconfig.optimization import SCHEDULES
 from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, decay_flag
 from gpt_ds.dsconfig.schema import PRESETS, preset_path
 from gpt_ds.dsconfig.settings import (

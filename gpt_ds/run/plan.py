@@ -33,8 +33,8 @@ from gpt_ds.checkpoint.tags import (
     resolve,
 )
 from gpt_ds.data.mixture import DataMix, load_mix
-from gpt_ds.dsconfig.lr_schedule import with_schedule
 from gpt_ds.dsconfig.monitors import check_monitors, wandb_env, with_monitor_flags
+from gpt_ds.dsconfig.optimization import with_schedule
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
 from gpt_ds.dsconfig.run_length import RunLength
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path

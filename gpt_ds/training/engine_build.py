@@ -21,7 +21,7 @@ import torch
 
 from gpt_ds.base import dist
 from gpt_ds.base.errors import CheckpointError, GptDsError
-from gpt_ds.dsconfig.lr_schedule import wsd_scheduler
+from gpt_ds.dsconfig.optimization import wsd_scheduler
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 from gpt_ds.model.gpt2 import (
     build_model,
