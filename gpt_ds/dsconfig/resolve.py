@@ -1,7 +1,7 @@
-"""DeepSpeed configs: load a preset, check it against the schema, fill "auto" from the run.
+"""A DeepSpeed config resolved: every "auto" filled from the run and the machine, checked.
 
-    raw = load_ds_config("ds_configs/zero2.json")            # every schema problem at once
-    run = RunSettings(world_size=2, decay_iters=2000)          # run.problems(): checked first
+    raw = load_ds_config("ds_configs/zero2.json")           # schema.py: every problem at once
+    run = RunSettings(world_size=2, decay_iters=2000)         # run.problems(): checked first
     resolved = resolve_ds_config(raw, run, facts=probe_machine(), source=path)
     deepspeed.initialize(model=..., config=resolved.config)  # no "auto" left
 
