@@ -16,6 +16,7 @@ from helpers.messages import assert_names, names
 from support.launch import free_port, launch_env, remove_shm_buffers
 
 from gpt_ds.base.errors import ConfigError
+from gpt_ds.dsconfig.monitors import monitor_package_problems
 from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
 from gpt_ds.dsconfig.precision import cpu_precision, detect_precision
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
@@ -336,6 +337,17 @@ def test_monitor_enabled_without_its_package():
     assert_names(missing.replace(f"{section}.enabled", ""), module)  # the package, not the key
     cfg[section]["enabled"] = False
     resolve_ds_config(cfg, run_settings(), facts=here())
+
+
+def test_monitor_packages_are_checked_against_the_probed_versions():
+    """The machine's probed versions decide, not this environment's: a missing package and one
+    older than DeepSpeed needs (comet_ml 3.41) are each a problem naming the fix."""
+    cfg = {"comet": {"enabled": True}, "wandb": {"enabled": True}, "tensorboard": {}}
+    old = monitor_package_problems(cfg, {"comet_ml": "3.40.2", "wandb": None})
+    assert len(old) == 2, old
+    assert_names(old[0], "wandb.enabled", "'wandb' package is not installed", "--wandb_project")
+    assert_names(old[1], "comet.enabled", 'pip install "comet_ml>=3.41.0"')
+    assert monitor_package_problems(cfg, {"comet_ml": "3.41.0", "wandb": "0.19.1"}) == []
 
 
 def test_all_resolution_problems_raised_together():

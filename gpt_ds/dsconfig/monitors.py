@@ -3,7 +3,9 @@
 `--tensorboard_dir`, `--wandb_project` and `--csv_dir` fill the DeepSpeed config's
 `tensorboard` / `wandb` / `csv_monitor` sections (a user's config may hold them instead);
 `check_monitors` refuses, before any model is built, a W&B run that would fail at its first
-log. The trainer then writes through them (observe/metrics.py).
+log, and `monitor_package_problems` an enabled section whose package the machine lacks (the
+resolution reports it with every other problem). The trainer then writes through them
+(observe/metrics.py).
 """
 
 from __future__ import annotations
@@ -11,11 +13,19 @@ from __future__ import annotations
 import copy
 import netrc
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpt_ds.base.errors import ConfigError
 
 SECTIONS = ("tensorboard", "wandb", "csv_monitor")
+
+# Monitor sections whose package DeepSpeed imports only inside deepspeed.initialize.
+MONITOR_PACKAGES = {
+    "tensorboard": ("tensorboard", None),
+    "wandb": ("wandb", None),
+    "comet": ("comet_ml", (3, 41, 0)),
+}
 
 
 def with_monitor_flags(
@@ -103,3 +113,36 @@ def wandb_env(ds_config: dict, out_dir: str, run_name: str, environ) -> dict[str
         return {}
     wanted = {"WANDB_NAME": run_name, "WANDB_DIR": str(Path(out_dir))}
     return {k: v for k, v in wanted.items() if k not in environ}
+
+
+def monitor_package_problems(ds_config: dict, installed: Mapping[str, str | None]) -> list[str]:
+    """An enabled monitor section whose package is not `installed` (the machine's versions,
+    probed once), or older than DeepSpeed needs: each a problem with its fix."""
+    problems = []
+    for section, (package, min_version) in MONITOR_PACKAGES.items():
+        if not ds_config.get(section, {}).get("enabled"):
+            continue
+        version = installed.get(package)
+        if version is None:
+            flag = {"tensorboard": "--tensorboard_dir", "wandb": "--wandb_project"}.get(section)
+            how = "pip install 'gpt_ds[monitor]'" if flag else f"pip install {package}"
+            drop = f"drop {flag} or set" if flag else "set"
+            problems.append(
+                f"{section}.enabled is true but the '{package}' package is not installed: "
+                f"{how}, or {drop} {section}.enabled to false"
+            )
+        elif min_version and _version_tuple(version) < min_version:
+            need = ".".join(map(str, min_version))
+            problems.append(
+                f"{section}.enabled is true but DeepSpeed needs {package}>={need}: "
+                f'pip install "{package}>={need}", or set {section}.enabled to false'
+            )
+    return problems
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)

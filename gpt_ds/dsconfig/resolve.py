@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpt_ds.base.errors import ConfigError
+from gpt_ds.dsconfig.monitors import monitor_package_problems
 from gpt_ds.dsconfig.optimization import fill_optimizer_and_schedule, optimizer_type
 from gpt_ds.dsconfig.run_length import RunLength, run_length
 from gpt_ds.dsconfig.schema import validate_ds_config
@@ -49,14 +50,6 @@ _WIDTH_SIZES = {
 }
 # DeepSpeed's own "auto", which DeepSpeed resolves itself.
 _DEEPSPEED_AUTOS = ("data_types.keep_in_fp32_modules",)
-
-
-# Monitor sections whose package DeepSpeed imports only inside deepspeed.initialize.
-MONITOR_PACKAGES = {
-    "tensorboard": ("tensorboard", None),
-    "wandb": ("wandb", None),
-    "comet": ("comet_ml", (3, 41, 0)),
-}
 
 
 @dataclass(frozen=True)
@@ -376,24 +369,7 @@ class _Resolver:
             )
 
     def monitors(self) -> None:
-        for section, (package, min_version) in MONITOR_PACKAGES.items():
-            if not self.ds_config.get(section, {}).get("enabled"):
-                continue
-            version = self.facts.monitors.get(package)
-            if version is None:
-                flag = {"tensorboard": "--tensorboard_dir", "wandb": "--wandb_project"}.get(section)
-                how = "pip install 'gpt_ds[monitor]'" if flag else f"pip install {package}"
-                drop = f"drop {flag} or set" if flag else "set"
-                self.problems.append(
-                    f"{section}.enabled is true but the '{package}' package is not installed: "
-                    f"{how}, or {drop} {section}.enabled to false"
-                )
-            elif min_version and _version_tuple(version) < min_version:
-                need = ".".join(map(str, min_version))
-                self.problems.append(
-                    f"{section}.enabled is true but DeepSpeed needs {package}>={need}: "
-                    f'pip install "{package}>={need}", or set {section}.enabled to false'
-                )
+        self.problems += monitor_package_problems(self.ds_config, self.facts.monitors)
 
     def leftover_autos(self) -> None:
         """An "auto" the schema allows but nothing above filled (e.g. in a torch scheduler)."""
@@ -413,11 +389,3 @@ def _auto_paths(node: Any, where: str = "") -> list[str]:
     if isinstance(node, list):
         return [p for i, v in enumerate(node) for p in _auto_paths(v, f"{where}[{i}]")]
     return [where] if node == "auto" else []
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)

@@ -10,9 +10,9 @@ import shutil
 from importlib import metadata
 
 from gpt_ds.base import dist
+from gpt_ds.dsconfig.monitors import MONITOR_PACKAGES
 from gpt_ds.dsconfig.optimizer import adam_facts
 from gpt_ds.dsconfig.precision import detect_precision, precision_refusal
-from gpt_ds.dsconfig.resolve import MONITOR_PACKAGES
 from gpt_ds.dsconfig.settings import MachineFacts
 from gpt_ds.launch.gpu_support import check_gpu_support
 from gpt_ds.memory.guard import node_ram
