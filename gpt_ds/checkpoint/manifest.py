@@ -20,6 +20,7 @@ from typing import Any
 
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.data.tokens import STREAM
+from gpt_ds.dsconfig.optimization import optimizer_type
 from gpt_ds.model.gpt2 import ModelShape
 
 MANIFEST = "gpt_ds.json"
@@ -75,8 +76,7 @@ class Manifest:
         plan = self.plan or {}
         if plan.get("optimizer"):
             return plan["optimizer"]
-        section = (plan.get("deepspeed_config") or {}).get("optimizer") or {}
-        return str(section["type"]).lower() if section.get("type") else None
+        return optimizer_type((plan.get("deepspeed_config") or {}).get("optimizer"))
 
     @classmethod
     def read(cls, tag_dir: Path) -> Manifest | None:

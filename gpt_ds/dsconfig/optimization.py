@@ -284,7 +284,8 @@ def _muon_settings(r: Resolution, optimizer: dict, schedule: str | None) -> None
 
 def optimizer_type(optimizer: dict | None) -> str | None:
     """An optimizer section's type, lower case ("adamw", "muon", ...); None without one."""
-    return None if optimizer is None else str(optimizer.get("type", "")).lower()
+    kind = (optimizer or {}).get("type")
+    return str(kind).lower() if kind else None
 
 
 def _choose_adam(r: Resolution, optimizer: dict) -> None:

@@ -388,12 +388,12 @@ MUON_GATHER_CACHE_BYTES = 256 << 20
 
 
 def muon_groups(shape: ModelShape) -> list[list[int]]:
-    """The element counts of a Muon run's param groups, in DeepSpeed's order (gpt2.py
-    `param_groups`): the hidden matrices, then wte and wpe, then biases and LayerNorms."""
-    embedding = ("transformer.wte.weight", "transformer.wpe.weight")
+    """The element counts of a Muon run's param groups, in DeepSpeed's order, split by gpt2.py
+    `param_groups`' rule: the hidden matrices, then the other matrices (wte and wpe), then
+    biases and LayerNorms."""
     groups: list[list[int]] = [[], [], []]
     for name, dims in parameter_layout(shape):
-        group = 0 if is_muon_matrix(name, dims) else 1 if name in embedding else 2
+        group = 0 if is_muon_matrix(name, dims) else 1 if len(dims) >= 2 else 2
         groups[group].append(math.prod(dims))
     return groups
 
