@@ -348,6 +348,9 @@ def test_monitor_packages_are_checked_against_the_probed_versions():
     assert_names(old[0], "wandb.enabled", "'wandb' package is not installed", "--wandb_project")
     assert_names(old[1], "comet.enabled", 'pip install "comet_ml>=3.41.0"')
     assert monitor_package_problems(cfg, {"comet_ml": "3.41.0", "wandb": "0.19.1"}) == []
+    # PEP 440, as DeepSpeed compares: a release candidate comes before its release
+    assert len(monitor_package_problems(cfg, {"comet_ml": "3.41.0rc1", "wandb": "0.19.1"})) == 1
+    assert monitor_package_problems(cfg, {"comet_ml": "3.100.2", "wandb": "0.19.1"}) == []
 
 
 def test_all_resolution_problems_raised_together():

@@ -16,15 +16,19 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from packaging.version import Version
+
 from gpt_ds.base.errors import ConfigError
 
 SECTIONS = ("tensorboard", "wandb", "csv_monitor")
 
-# Monitor sections whose package DeepSpeed imports only inside deepspeed.initialize.
+# Monitor sections whose package DeepSpeed imports only inside deepspeed.initialize, and the
+# oldest version it accepts (compared as DeepSpeed's monitor/utils.py does: PEP 440, where a
+# release candidate comes before its release).
 MONITOR_PACKAGES = {
     "tensorboard": ("tensorboard", None),
     "wandb": ("wandb", None),
-    "comet": ("comet_ml", (3, 41, 0)),
+    "comet": ("comet_ml", "3.41.0"),
 }
 
 
@@ -131,18 +135,9 @@ def monitor_package_problems(ds_config: dict, installed: Mapping[str, str | None
                 f"{section}.enabled is true but the '{package}' package is not installed: "
                 f"{how}, or {drop} {section}.enabled to false"
             )
-        elif min_version and _version_tuple(version) < min_version:
-            need = ".".join(map(str, min_version))
+        elif min_version and Version(version) < Version(min_version):
             problems.append(
-                f"{section}.enabled is true but DeepSpeed needs {package}>={need}: "
-                f'pip install "{package}>={need}", or set {section}.enabled to false'
+                f"{section}.enabled is true but DeepSpeed needs {package}>={min_version}: "
+                f'pip install "{package}>={min_version}", or set {section}.enabled to false'
             )
     return problems
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
