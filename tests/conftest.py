@@ -41,6 +41,7 @@ from harness.launch import (  # noqa: E402
 )
 from harness.zygote import ZYGOTE_ENV, differing_variables, read_served  # noqa: E402
 from helpers.compared_runs import compared_run
+from helpers.cpu_time import register_if_asked
 from helpers.files import HELLASWAG_MINI
 from helpers.shared import (
     both_workers,
@@ -73,6 +74,7 @@ def pytest_configure(config):
     inherit it (support/launch.py copies this environment)."""
     if not selects_gpu_tests(config.option.markexpr or ""):
         os.environ.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
+    register_if_asked(config)  # $GPT_DS_TEST_CPU_LOG: each test's CPU seconds (CONTRIBUTING)
 
 
 # The device files a GPU driver makes (NVIDIA, AMD ROCm): there without asking torch, whose
