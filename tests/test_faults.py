@@ -566,11 +566,13 @@ def test_non_finite_training_stops_without_saving(
     would skip every such step silently; gpt_ds's sync-free one (training/engine_build.py) does not,
     as bf16's does not (its overflow check off): gpt_ds reads the gradient norm. Either way the
     run stops naming iter_2 and saves nothing after it, though the loss and norm are read only
-    at log lines and before evaluations and saves."""
+    at log lines and before evaluations and saves. One sequence of 32 tokens a micro-batch:
+    the blow-up does not depend on the batch, and bf16 is emulated on CPUs without AVX-512 BF16
+    (every token costs)."""
     out = tmp_path / "run"
     args = tiny_run_args(
         shakespeare_dir, out, **SMALL, **SCHEDULE, eval_iters=2, lr=lr, precision=precision,
-        log_interval=3,
+        log_interval=3, micro_batch_size=1, block_size=32,
     )  # fmt: skip
     run = launch(args, "nan", num_gpus=ranks, lean=True)
     assert run.finish() == 2
