@@ -422,7 +422,7 @@ def burn_in_lines(out: str) -> str:
 @pytest.mark.alone  # its healthy nodes must measure alike: no other worker's ranks beside them
 def test_burn_in_flags_a_throttled_node_and_passes_a_healthy_set(ssh_loopback, tmp_path):
     """Issue 25: `--burn_in` launches gloo over three loopback nodes (each its own sshd, so one
-    node's ranks can be throttled: its sshd in a cgroup with 30% of a core). Healthy: every
+    node's ranks can be throttled: its sshd in a cgroup with 20% of a core). Healthy: every
     figure, nothing flagged. Throttled: that node flagged on compute, the others not."""
     if not os.access(CPU_CGROUP, os.W_OK):
         pytest.skip(f"{CPU_CGROUP} is not writable here: no CPU quota for one node")
@@ -441,10 +441,7 @@ def test_burn_in_flags_a_throttled_node_and_passes_a_healthy_set(ssh_loopback, t
         assert out.count("point-to-point 127.0.0.") == 3  # every pair of nodes
         assert "no device or link below half the median" in out, burn_in_lines(out)
         assert "expected communication per optimizer step (gpt2-mini, ZeRO-2" in out
-        # 30%: its matmul measured ~7% of the others' at 20% (its launcher and gloo threads
-        # share the quota), far below the half that flags; everything that node starts
-        # imports at that share, and the other worker waits meanwhile
-        with cpu_quota(third.proc.pid, share=0.3):
+        with cpu_quota(third.proc.pid, share=0.2):
             throttled = preflight(hostfile, *common_args(tmp_path), *burn_in)
         out = throttled.stdout
         assert throttled.returncode == 0, out[-3000:] + throttled.stderr[-3000:]
