@@ -9,13 +9,11 @@ DeepSpeed's launcher or runner (signals to them, a kill of the whole process gro
 References are computed in each test module: uninterrupted runs of the same configuration
 (`References`), DeepSpeed's own zero_to_fp32 for weights, and plain `transformers` for a loss.
 
-/dev/shm: DeepSpeed's CPU comm op leaves a ~66 MB buffer per rank of a multi-rank launch (a
-one-process run makes none, measured) that only our ranks remove. Unlike
-`harness.launch.run_deepspeed`, `Launch` removes a run's buffers only at teardown, after the
-test has looked: each 2-rank test asserts that nothing of its run is left after a normal end, an
-error exit after start-up (non-finite loss, full disk) and a SIGTERM/SIGINT stop. A SIGKILLed
-rank cannot remove its buffer: those tests assert that exactly the killed ranks' buffers
-remain, and the teardown removes them.
+/dev/shm: DeepSpeed's CPU comm op would leave a ~66 MB buffer per rank of a multi-rank launch,
+which no rank removes and a SIGKILLed rank could not; gpt_ds's ranks never build that op
+(gpt_ds.base.dist.init). Every 2-rank test asserts that its run leaves nothing there: after a
+normal end, an error exit after start-up (non-finite loss, full disk), a SIGTERM/SIGINT stop,
+and a SIGKILL. `Launch` would remove a run's buffers at teardown, after the test has looked.
 
 Measured exit codes (DeepSpeed 0.19.8, local launch, recorded in the assertions below):
 - a rank SIGKILLed: the launcher (`deepspeed.launcher.launch`) exits with the first non-zero
@@ -249,8 +247,7 @@ def test_sigkill_a_rank_mid_training_then_resume(refs, launch, tmp_path):
     assert "Connection closed by peer" in run.output  # rank 0 noticed in its next collective
     saved = checkpoint_iters(out)
     assert saved[-1] >= 4 and latest(out) == f"iter_{saved[-1]}"
-    # rank 0 removed its /dev/shm buffer on the way out; the SIGKILLed rank 1 could not
-    assert run.shm() == run.shm_of([1])
+    assert run.shm() == []  # no /dev/shm buffer, not even the SIGKILLed rank's
     run.cleanup()
 
     resumed = launch(ref.args(out, resume=True), "resume", lean=True).finish_ok()
@@ -301,8 +298,7 @@ def test_sigkill_mid_save_keeps_the_previous_checkpoint(victims, shakespeare_dir
     assert latest(out) == "iter_2" and complete_tags(out) == ["iter_2"]
     logged = train_losses(out)
     assert {3, 4} <= set(logged)  # it trained past the checkpoint it will resume from
-    # only the SIGKILLed ranks' /dev/shm buffers remain (a survivor removes its own)
-    assert run.shm() == run.shm_of([0] if victims == "rank 0" else [0, 1])
+    assert run.shm() == []  # no /dev/shm buffer, not even the SIGKILLed ranks'
     run.cleanup()
     if victims == "rank 0":
         (said,) = [line for line in run.output.splitlines() if "[rank 1] error:" in line]
@@ -480,7 +476,7 @@ def test_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(refs, launch,
         assert "Traceback" not in text
         assert latest(out) == "iter_2" and complete_tags(out) == ["iter_2"]
         assert not (out / "iter_4").exists()
-        assert run.shm() == []  # error exit after start-up: each rank removed its buffer
+        assert run.shm() == []  # error exit after start-up: no /dev/shm buffer
         assert_same_weights(ref.out, out, "iter_2")
     finally:
         umount(disk)
@@ -586,7 +582,7 @@ def test_non_finite_training_stops_without_saving(
     assert latest(out) == "iter_2" and complete_tags(out) == ["iter_2"]
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["iter_2"]
     assert checkpoint_iters(out) == [2]
-    assert run.shm() == []  # error exit after start-up: each rank removed its buffer
+    assert run.shm() == []  # error exit after start-up: no /dev/shm buffer
 
 
 # ---------------------------------------------------------------------------- 8. resizing

@@ -11,13 +11,13 @@ from harness.launch import run_checked, run_deepspeed
 from support.launch import REPO, launch_env, tiny_run_args
 
 from gpt_ds.dsconfig.optimizer import AdamFacts, adam_facts
-from gpt_ds.launch.ops import CPU_ADAM, FUSED_ADAM, SHM_COMM, wanted_ops
+from gpt_ds.launch.ops import CPU_ADAM, FUSED_ADAM, wanted_ops
 
 
 @pytest.mark.parametrize(
     "facts,expected",
     [
-        (AdamFacts("cpu"), [SHM_COMM, CPU_ADAM]),
+        (AdamFacts("cpu"), [CPU_ADAM]),  # the shared-memory all-reduce: never built
         (AdamFacts("cuda", compiler="nvcc 13.0"), [CPU_ADAM, FUSED_ADAM]),
         (AdamFacts("cuda", rocm=True, compiler="hipcc"), [CPU_ADAM, FUSED_ADAM]),
         (AdamFacts("cuda"), [CPU_ADAM]),  # no compiler: torch's fused AdamW, nothing to build
@@ -47,7 +47,7 @@ def test_the_built_ops_are_the_ones_a_launch_loads(shakespeare_dir, tmp_path):
     assert f"built once into {extensions}:" in said
     for name, used_by in wanted_ops(adam_facts(offload=False)):
         assert f"{name.removesuffix('Builder')} ({used_by}) ... ready" in said
-    assert {so.parent.name for so in built} >= {"deepspeed_shm_comm", "cpu_adam"}
+    assert "cpu_adam" in {so.parent.name for so in built}
     args = tiny_run_args(shakespeare_dir, tmp_path / "run", dry_run=True, eval_iters=1)
     args += ["--deepspeed_config", "ds_configs/zero2_offload.json"]
     out = run_deepspeed(args, num_gpus=2).stdout

@@ -149,8 +149,8 @@ def test_a_node_with_the_floor_torch_and_no_index_installs_and_trains_from_it(
     python = venv_copy(floor_torch, venv)  # the node's own torch (and what torch needs)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "GPT_DS_"))}
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
-    # its own DeepSpeed's JIT ops: built into the suite's cache from another path, the comm op
-    # would be rebuilt (~30 s) at the suite's next launch
+    # its own DeepSpeed's JIT builds, should a run make any (this one makes none): built from
+    # other sources into the suite's cache, they would be rebuilt at its next launch
     env["TORCH_EXTENSIONS_DIR"] = str(venv / "torch_extensions")
     report = tmp_path / "report.json"
     pip = [python, "-m", "pip", "install", "--quiet", "--no-cache-dir", "--report", report]

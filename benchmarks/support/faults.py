@@ -111,13 +111,9 @@ class Launch:
         return self.output[-chars:]
 
     def shm(self) -> list[Path]:
-        """This launch's DeepSpeed buffers still in /dev/shm."""
+        """This launch's DeepSpeed buffers still in /dev/shm (gpt_ds's ranks make none; a
+        rank that built DeepSpeed's CPU comm op would leave one)."""
         return shm_buffers("127.0.0.1", self.port)
-
-    def shm_of(self, ranks) -> list[Path]:
-        uid = os.getuid()
-        name = f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{self.port}_{{}}"
-        return sorted(Path("/dev/shm") / name.format(r) for r in ranks)
 
     def cleanup(self) -> None:
         self.processes()  # `outside_pids` are outside its process group

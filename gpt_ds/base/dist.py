@@ -12,7 +12,6 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as tdist
@@ -30,9 +29,29 @@ def init() -> None:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     logs.quiet_libraries()  # DeepSpeed set its logger's level when imported
+    _skip_cpu_shm_op()
     deepspeed.init_distributed(dist_init_required=True)
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
+
+
+def _skip_cpu_shm_op() -> None:
+    """Keep DeepSpeed's CPU backend from building and starting its shared-memory all-reduce.
+
+    `init_distributed` on the CPU accelerator JIT-compiles that op (deepspeed/comm/torch.py
+    `build_shm_op`) for `inference_all_reduce`, which only tensor-parallel inference calls:
+    training reduces through the process group (gloo). Skipped, a first CPU launch needs no
+    C++ compiler and no minute of compiling, and no rank leaves the ~66 MB /dev/shm buffer the
+    op creates and never unlinks (a killed rank could not). DeepSpeed reads the op's
+    availability from `deepspeed.ops.__compatible_ops__` there and nowhere else; GPU
+    accelerators have no such op, and probing their ops would cost seconds.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def _free_port() -> int:
@@ -191,29 +210,11 @@ class DelayedAny:
         return tuple((total // base**i) % base > 0 for i in range(self.flags))
 
 
-def shm_buffer_paths() -> list[Path]:
-    """This rank's DeepSpeed CPU all-reduce buffer in /dev/shm (the comm op never unlinks it).
-
-    Name, from deepspeed/ops/csrc/cpu/comm/shm.cpp:
-    deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>.
-    """
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not port or not Path("/dev/shm").is_dir():
-        return []
-    name = f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank()}"
-    return [p for p in [Path("/dev/shm") / name] if p.exists()]
-
-
 def shutdown() -> None:
-    """Leave the process group cleanly and free this run's shared memory.
-
-    Without an explicit destroy, ZeRO-3 ranks occasionally abort at interpreter exit; without
-    the unlink, every CPU launch leaks ~130 MB of RAM in /dev/shm.
-    """
+    """Leave the process group cleanly: without it, ZeRO-3 ranks occasionally abort at
+    interpreter exit."""
     try:
         if tdist.is_initialized():
             tdist.destroy_process_group()
     except Exception as exc:  # teardown must not mask the run's own outcome
         logs.whole_line(f"[rank {rank()}] warning: destroy_process_group failed: {exc}", sys.stderr)
-    for path in shm_buffer_paths():
-        path.unlink(missing_ok=True)

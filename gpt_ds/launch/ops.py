@@ -18,17 +18,16 @@ from pathlib import Path
 from gpt_ds.dsconfig.optimizer import AdamFacts, adam_facts, choose_adam
 
 # (DeepSpeed op builder, what uses it)
-SHM_COMM = ("ShareMemCommBuilder", "every multi-rank launch on CPU ranks")
 CPU_ADAM = ("CPUAdamBuilder", "the offload presets")
 FUSED_ADAM = ("FusedAdamBuilder", "every GPU run's Adam")
 
 
 def wanted_ops(facts: AdamFacts) -> list[tuple[str, str]]:
-    """The ops a launch on a machine with these facts JIT-builds: CPU ranks' shared-memory
-    all-reduce, the CPU Adam of optimizer offload, and FusedAdam where gpt_ds picks it (a GPU
-    with a compiler that can build it; not when it is prebuilt)."""
-    ops = [SHM_COMM] if facts.accelerator == "cpu" else []
-    ops.append(CPU_ADAM)
+    """The ops a launch on a machine with these facts JIT-builds: the CPU Adam of optimizer
+    offload, and FusedAdam where gpt_ds picks it (a GPU with a compiler that can build it; not
+    when it is prebuilt). Not DeepSpeed's CPU shared-memory all-reduce: gpt_ds's ranks skip it
+    (gpt_ds.base.dist.init)."""
+    ops = [CPU_ADAM]
     gpu = facts.accelerator != "cpu"
     if gpu and not facts.prebuilt and "torch_adam" not in choose_adam(facts, {}).params:
         ops.append(FUSED_ADAM)

@@ -19,7 +19,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-CPU_RANKS = 2  # without a GPU: 2 processes (gloo + DeepSpeed's shared-memory all-reduce)
+CPU_RANKS = 2  # without a GPU: 2 processes (gloo)
 VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 

@@ -211,7 +211,7 @@ class Launch(support.faults.Launch):
     def command(self, args: list[str], num_gpus: int) -> tuple[list[str], dict[str, str]]:
         """The launch the test asked for (see the class) and its environment."""
         env = launch_env()
-        if num_gpus == 1:  # plain `python train.py`: a world of one, port fixed for the shm name
+        if num_gpus == 1:  # plain `python train.py`: a world of one, on the launch's port
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
             with_repo = checkout_first(env)
             if self.lean and serving(with_repo, sys.executable):  # forked by the suite's zygote
