@@ -31,6 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from support.peers import RandomWindows, add_run_arguments, gpt2, train_windows  # noqa: E402
 
+from gpt_ds.base.dist import skip_cpu_shm_op  # noqa: E402
+
 
 def rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -106,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         args.data_dir, args.block_size, ds["train_batch_size"], args.steps, args.seed
     )
     times: list[float] = []
+    # on CPU ranks, without the shared-memory all-reduce gpt_ds's rows skip: a rank's memory
+    # would count its two ~66 MB buffers, which training never uses
+    skip_cpu_shm_op()
     (run_hf if args.trainer == "hf" else run_bare)(args, ds, data, times)
     if rank() == 0:
         gpu = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None

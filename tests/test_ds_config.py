@@ -533,11 +533,13 @@ import torch
 from deepspeed.accelerator import get_accelerator
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from gpt_ds.base.dist import skip_cpu_shm_op
 from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.settings import RunSettings
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.run.machine import probe_machine
 
+skip_cpu_shm_op()  # as gpt_ds's ranks start DeepSpeed
 failed = False
 for name in sys.argv[1:]:
     try:

@@ -1,4 +1,4 @@
-"""The requeue drill (benchmarks/fault_drill.py) at its test size: five SIGKILLs of every
+"""The requeue drill (benchmarks/fault_drill.py) at its test size: three SIGKILLs of every
 process of one job, each launch the same `--resume auto --save_every_minutes` command, the first
 kill before any checkpoint exists; the job must finish bit-identical to an uninterrupted run
 (weights and every logged number), with no launch refused and no checkpoint lost."""

@@ -29,13 +29,13 @@ def init() -> None:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     logs.quiet_libraries()  # DeepSpeed set its logger's level when imported
-    _skip_cpu_shm_op()
+    skip_cpu_shm_op()
     deepspeed.init_distributed(dist_init_required=True)
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
 
 
-def _skip_cpu_shm_op() -> None:
+def skip_cpu_shm_op() -> None:
     """Keep DeepSpeed's CPU backend from building and starting its shared-memory all-reduce.
 
     `init_distributed` on the CPU accelerator JIT-compiles that op (deepspeed/comm/torch.py
@@ -44,7 +44,8 @@ def _skip_cpu_shm_op() -> None:
     C++ compiler and no minute of compiling, and no rank leaves the ~66 MB /dev/shm buffer the
     op creates and never unlinks (a killed rank could not). DeepSpeed reads the op's
     availability from `deepspeed.ops.__compatible_ops__` there and nowhere else; GPU
-    accelerators have no such op, and probing their ops would cost seconds.
+    accelerators have no such op, and probing their ops would cost seconds. Scripts that
+    start DeepSpeed themselves (the benchmarks' peers) call it to run as gpt_ds's ranks do.
     """
     from deepspeed.accelerator import get_accelerator
 

@@ -26,6 +26,7 @@ import deepspeed
 import torch
 import torch.distributed as tdist
 
+from gpt_ds.base.dist import skip_cpu_shm_op
 from gpt_ds.memory.estimate import DeepSpeedRun, MemoryEstimate, ZeroSettings, estimate_run
 from gpt_ds.memory.measure import measured_model_state_bytes
 from gpt_ds.model.gpt2 import build_model, param_groups, resolve_shape
@@ -139,6 +140,7 @@ def main() -> None:
     p.add_argument("--out_dir", required=True)
     p.add_argument("--local_rank", type=int, default=-1)  # set by the DeepSpeed launcher
     args = p.parse_args()
+    skip_cpu_shm_op()  # as gpt_ds's ranks start: its buffers are no model state
     deepspeed.init_distributed()
     out = Path(args.out_dir) / f"rank{tdist.get_rank()}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
