@@ -33,7 +33,7 @@ fi
 # What a bare Debian or Ubuntu lacks, said before venv or the first launch fails on it:
 # ensurepip, which `python3 -m venv` needs (Debian's pythonX.Y-venv; not needed for a venv
 # already made), Python's headers and a C++ compiler (torch's: $CXX, else c++), with which
-# DeepSpeed builds its CPU comm op at the first launch on CPU ranks and torch.compile its kernels.
+# DeepSpeed builds its ops (CPU Adam for offload, FusedAdam on GPUs) and torch.compile its kernels.
 read -r version missing < <("$python" - "$venv" <<'PY'
 import os, sys, sysconfig
 venv = os.path.join(sys.argv[1], "bin", "python")
