@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -106,11 +107,16 @@ def table(setup: Setup, results: dict[str, list[Measured]]) -> str:
         tps, gib = med[row]
         reps = " / ".join(f"{m.tokens_per_sec:,.0f}" for m in ms)
         line = (
-            f"| {row} | {tps:,.0f} | {reps} | {gib:.2f} GiB | {tps / ref_tps:.2f} | "
-            f"{gib / ref_mem:.2f} |"
+            f"| {row} | {tps:,.0f} | {reps} | {gib:.2f} GiB | {ratio(tps, ref_tps)} | "
+            f"{ratio(gib, ref_mem)} |"
         )
         lines.append(line + "".join(f" {cell(row, tps)} |" for cell in extra.values()))
     return "\n".join(lines + anchor(med, results))
+
+
+def ratio(value: float, reference: float) -> str:
+    """`value` as a multiple of `reference`; "-" where the reference row did not run."""
+    return "-" if math.isnan(reference) else f"{value / reference:.2f}"
 
 
 def anchor(med: dict[str, tuple[float, float]], results: dict[str, list[Measured]]) -> list[str]:

@@ -98,6 +98,31 @@ def test_step_ops_counts_leaves_by_phase(tmp_path):
     assert set(ops.by_sync) == {"step: item", "step: tolist"}
 
 
+def test_marking_syncs_does_not_recompile_a_compiled_model():
+    """A model compiled before the profiled steps runs them with the graphs it has: marking
+    changes no state dynamo guards on (a TorchFunctionMode on the stack did, and an H200's
+    profile of steps 3-5 timed their recompile), and still marks the syncs around it."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch.manual_seed(0)
+    model = build_model(SHAPE, loss="full").train()
+    x = torch.randint(0, SHAPE.vocab_size, (2, SHAPE.block_size))
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counter)
+    compiled(input_ids=x, targets=x).backward()
+    frames = counter.frame_count
+    assert frames >= 1
+
+    def step() -> None:
+        loss = compiled(input_ids=x, targets=x)
+        loss.backward()
+        loss.item()
+
+    assert syncs_in(step) >= 1  # the .item() after it, marked
+    assert counter.frame_count == frames, "recompiled under marking_syncs"
+
+
 # Per optimizer step, with DeepSpeed's ZeRO-1/2 step made sync-free (training/engine_build.py): only
 # torch's AdamW on CPU ranks reading its step count, per parameter group (gpt_ds passes two:
 # decayed or not); a GPU's fused AdamW keeps it on the device. DeepSpeed's own step made 4 more

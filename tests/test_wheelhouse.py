@@ -182,6 +182,7 @@ def test_the_kit_for_a_gpu_image_is_small_and_leaves_its_torch_and_transformers(
     wheelhouse(kit, "--python", IMAGE_PYTHON, "--have", IMAGE_FREEZE)
     names = wheel_names(kit)
     assert {"gpt-ds", "deepspeed", "tiktoken"} <= names, names
+    assert "pydantic" not in have and {"pydantic", "pydantic-core"} <= names  # DeepSpeed's
     assert not {"torch", "transformers", "numpy"} & names and not any("nvidia" in n for n in names)
     mib = sum(p.stat().st_size for p in kit.iterdir()) / 2**20
     assert mib <= MAX_KIT_MIB, (mib, sorted(p.name for p in kit.iterdir()))

@@ -36,12 +36,14 @@ def full_cross_entropy(
     )
 
 
+@torch.compiler.disable  # its own kernels; dynamo of torch 2.11 fails inside its version check
 def deepspeed_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, tokens: int | None
 ) -> torch.Tensor:
     """Mean cross-entropy of (..., V) `logits` by DeepSpeed's `chunked_cross_entropy` (a
     Triton kernel on CUDA, blocks of rows in PyTorch elsewhere), in fp32 from the logits as
-    they are; `tokens` as in `full_cross_entropy`."""
+    they are; `tokens` as in `full_cross_entropy`. Run eagerly under --compile: a compiled
+    model breaks its graph here, as at the chunked loss."""
     from deepspeed.runtime.chunked_cross_entropy import chunked_cross_entropy
 
     logits = mask_padding(logits.view(-1, logits.size(-1)), tokens)  # (B*T, V)

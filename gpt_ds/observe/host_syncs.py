@@ -4,7 +4,7 @@ A GPU runs ahead of the host only while nothing asks for a device value: `.item(
 `.tolist()`, `.cpu()`, a device synchronize... each waits for every kernel queued before it,
 and the GPU then idles while the host launches the next ones. torch.profiler shows `.item()`
 and `bool()` (`aten::_local_scalar_dense`) but not `.tolist()`, `.cpu()` or a synchronize;
-`SyncMarks` wraps each such call in a `host_sync::<kind>` range so the trace holds them all,
+`marking_syncs` wraps each such call in a `host_sync::<kind>` range so the trace holds them all,
 in the phase that made them; also `torch.tensor(value, device=...)`, a blocking host-to-device
 copy on a GPU (torch waits for the stream after a pageable copy). On CPU ranks the calls are
 counted as a GPU would pay them.
@@ -22,7 +22,6 @@ from collections.abc import Iterator
 
 import torch
 from torch.autograd.profiler import record_function
-from torch.overrides import TorchFunctionMode
 
 SYNC_PREFIX = "host_sync::"
 TENSOR_TO_DEVICE = "tensor(device=)"  # the kind of a marked torch.tensor(..., device=...)
@@ -45,20 +44,28 @@ def _to_host(args: tuple, kwargs: dict) -> bool:
     return any(str(t).startswith("cpu") for t in targets if isinstance(t, (str, torch.device)))
 
 
-class SyncMarks(TorchFunctionMode):
-    """While active, every Tensor method call that reads a device value runs inside a
-    `host_sync::<method>` profiler range."""
+def _marked_method(name: str, method):
+    """`Tensor.<name>` run inside a `host_sync::<name>` range when it reads a device value."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        if name in SYNC_METHODS or (name == "to" and _to_host(args, kwargs)):
+    def marked(*args, **kwargs):
+        if name != "to" or _to_host(args, kwargs):
             with record_function(SYNC_PREFIX + name):
-                return func(*args, **kwargs)
-        if func is torch.tensor and kwargs.get("device") is not None:
-            with record_function(SYNC_PREFIX + TENSOR_TO_DEVICE):
-                return func(*args, **kwargs)
-        return func(*args, **kwargs)
+                return method(*args, **kwargs)
+        return method(*args, **kwargs)
+
+    return marked
+
+
+def _marked_tensor(tensor):
+    """`torch.tensor` inside a `host_sync::tensor(device=)` range when given a device."""
+
+    def marked(*args, **kwargs):
+        if kwargs.get("device") is None:
+            return tensor(*args, **kwargs)
+        with record_function(SYNC_PREFIX + TENSOR_TO_DEVICE):
+            return tensor(*args, **kwargs)
+
+    return marked
 
 
 def _marked(sync):
@@ -71,17 +78,24 @@ def _marked(sync):
 
 @contextlib.contextmanager
 def marking_syncs() -> Iterator[None]:
-    """`SyncMarks` on, and device synchronizes (torch.cuda's, DeepSpeed's accelerator's)
-    marked the same way, until the block ends."""
+    """Every host sync marked until the block ends: the Tensor methods of SYNC_METHODS and
+    `.to` (as patched class attributes, not a TorchFunctionMode, whose push onto the mode stack
+    fails a compiled model's guard and recompiles it inside the profiled steps),
+    `torch.tensor(..., device=)`, and device synchronizes (torch.cuda's, DeepSpeed's
+    accelerator's)."""
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
-    cuda_sync = torch.cuda.synchronize
+    cuda_sync, tensor = torch.cuda.synchronize, torch.tensor
     accelerator.synchronize = _marked(accelerator.synchronize)  # on the instance only
     torch.cuda.synchronize = _marked(cuda_sync)
+    torch.tensor = _marked_tensor(tensor)
+    for name in (*SYNC_METHODS, "to"):  # each defined on torch's C base class, not on Tensor
+        setattr(torch.Tensor, name, _marked_method(name, getattr(torch.Tensor, name)))
     try:
-        with SyncMarks():
-            yield
+        yield
     finally:
+        for name in (*SYNC_METHODS, "to"):
+            delattr(torch.Tensor, name)  # the base class's method again
         del accelerator.synchronize  # the class's method again
-        torch.cuda.synchronize = cuda_sync
+        torch.cuda.synchronize, torch.tensor = cuda_sync, tensor
