@@ -79,5 +79,6 @@ def test_zero_partitions_what_it_should(measured):
     for rank in (0, 1):
         assert by[(2, "bf16", rank)]["params"] == 2 * p
         assert by[(3, "bf16", rank)]["params"] < 1.3 * p  # partition + small persistent params
-        assert by[(0, "bf16", rank)]["optimizer_states"] == 12 * p  # stage 0: nothing divided
+        stage0 = by[(0, "bf16", rank)]["optimizer_states"]  # nothing divided: master, moments
+        assert stage0 == pytest.approx(12 * p, rel=1e-4)  # and torch AdamW's step counters
         assert by[(2, "bf16", rank)]["optimizer_states"] == pytest.approx(6 * p, rel=0.01)

@@ -108,6 +108,10 @@ class DeepSpeedRun:
     """The rank to describe; None: the one holding the most (ZeRO-2 ranks differ slightly)."""
     optimizer: str = "adamw"
     """"adamw", or "muon": Muon's momentum for GPT-2's hidden matrices (`muon_states`)."""
+    fused_adam: bool = True
+    """DeepSpeed's FusedAdam steps; False for any other (torch's AdamW, Muon): at stage 0 in
+    16 bits DeepSpeed then wraps it in FP16_UnfusedOptimizer, whose fp32 gradient copies sit
+    beside the 16-bit gradients during the step (FP16_Optimizer's flat one replaces them)."""
 
     @classmethod
     def from_resolved(
@@ -121,9 +125,11 @@ class DeepSpeedRun:
     ) -> DeepSpeedRun:
         """The run a resolved DeepSpeed config describes, on `world_size` ranks."""
         zero = resolved.config.get("zero_optimization", {})
+        params = (resolved.config.get("optimizer") or {}).get("params", {})
+        offload = zero.get("offload_optimizer", {}).get("device", "none") != "none"
         return cls(
             zero_stage=resolved.zero_stage,
-            offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none") != "none",
+            offload_optimizer=offload,
             offload_param=zero.get("offload_param", {}).get("device", "none") != "none",
             world_size=world_size,
             gpus_per_node=gpus_per_node,
@@ -133,6 +139,9 @@ class DeepSpeedRun:
             loss=loss,
             zero=ZeroSettings.from_ds_config(zero),
             optimizer="muon" if resolved.optimizer == "muon" else "adamw",
+            fused_adam=resolved.optimizer in ("adam", "adamw")
+            and not params.get("torch_adam", False)
+            and not offload,
         )
 
 
@@ -290,6 +299,7 @@ def estimate_run(shape: ModelShape, run: DeepSpeedRun) -> MemoryEstimate:
         run.precision,
         run.zero,
         run.rank,
+        run.fused_adam,
     )
     if run.optimizer == "muon" and not run.offload_optimizer:
         rank = muon_states(shape, run, gpu, rank)
@@ -358,6 +368,7 @@ def _model_states(
     precision: str,
     settings: ZeroSettings,
     rank: int | None,
+    fused_adam: bool,
 ) -> tuple[dict[str, int], dict[str, int], int]:
     """Per-rank bytes: (GPU components, CPU components, the rank described)."""
     e = PRECISION_BYTES[precision]
@@ -374,6 +385,8 @@ def _model_states(
         gpu["adam_moments"] = 8 * n_params
         if precision != "fp32":  # DeepSpeed's FP16_Optimizer: fp32 master + fp32 grads
             gpu["master_weights"] = gpu["grads_fp32_step"] = 4 * n_params
+            if not fused_adam:  # FP16_UnfusedOptimizer: the 16-bit gradients stay too
+                gpu["grads_reduced_alive_at_step"] = gpu["grads_reduced"]
         else:  # a plain torch optimizer steps on the module's own gradients
             gpu["grads_reduced_alive_at_step"] = gpu["grads_reduced"]
         return gpu, _cpu(), 0

@@ -1,10 +1,9 @@
 """What a live DeepSpeed engine holds: model-state bytes read from DeepSpeed 0.19's internals.
 
 The attribute names below are DeepSpeed's (ZeRO-1/2 `stage_1_and_2.py`, ZeRO-3 `stage3.py`,
-stage 0's `FP16_Optimizer`); an attribute a stage does not have is skipped. Categories are
-counted in order (weights, optimizer states, gradients), and a storage already counted under one
-is not counted again under the next.
-"""
+stage 0's `FP16_Optimizer` and `FP16_UnfusedOptimizer`); an attribute a stage does not have is
+skipped. Categories are counted in order (weights, optimizer states, gradients), and a storage
+already counted under one is not counted again under the next."""
 
 from __future__ import annotations
 
@@ -93,9 +92,10 @@ def _count_optimizer_states(count: _Storages, opt) -> list:
     """fp32 master copies, then the inner optimizer's state (m, v, step; Muon's momentum and its
     working copies); returns the masters."""
     inner = getattr(opt, "optimizer", None) or opt
-    masters = []
-    for name in _MASTER_WEIGHTS:
-        masters += list(getattr(opt, name, None) or [])
+    masters: list[torch.Tensor] = []
+    for name in _MASTER_WEIGHTS:  # FP16_UnfusedOptimizer's fp32_groups: a list per group
+        for item in getattr(opt, name, None) or []:
+            masters += item if isinstance(item, (list, tuple)) else [item]
     count.add("optimizer_states", masters)
     count.add("optimizer_states", [s for s in getattr(inner, "state", {}).values()])
     # Muon: ZeRO-1/2's staged momentum (beside its master, counted above), ZeRO-3's cached

@@ -2,14 +2,14 @@
 
 Launched by tests/test_memory_measured.py through `deepspeed --num_gpus N`. For each
 `STAGE:PRECISION[:muon]` in --configs it builds a fresh GPT-2 (gpt_ds.model.gpt2.build_model),
-runs `deepspeed.initialize` with an inline config (AdamW, or Muon with gpt_ds's split and
-groups; no "auto"), takes one full step so the optimizer has its state, then on a second
-step measures twice with gpt_ds.memory.measured_model_state_bytes: after backward, and from
-inside the inner optimizer's step (when the fp32 gradient partition exists; the largest of
-the calls, as DeepSpeed steps param groups or sub-groups one at a time). Each rank prints
-one line per config to --out_dir/rank{R}.jsonl (one file per rank: launcher output
-interleaves) with both measurements and gpt_ds.memory.estimate_run's prediction for that
-rank (`phase_bytes`).
+runs `deepspeed.initialize` with an inline config (torch's AdamW, as gpt_ds picks on CPU ranks,
+so no FusedAdam is built; or Muon with gpt_ds's split and groups; no "auto"), takes one full
+step so the optimizer has its state, then on a second step measures twice with
+gpt_ds.memory.measured_model_state_bytes: after backward, and from inside the inner optimizer's
+step (when the fp32 gradient partition exists; the largest of the calls, as DeepSpeed steps
+param groups or sub-groups one at a time). Each rank prints one line per config to
+--out_dir/rank{R}.jsonl (one file per rank: launcher output interleaves) with both measurements
+and gpt_ds.memory.estimate_run's prediction for that rank (`phase_bytes`).
 
 A step is one sequence of 16 tokens by default: model states do not depend on the tokens, and
 on CPUs without AVX-512 BF16 bf16 is emulated, so every token costs.
@@ -48,7 +48,7 @@ def ds_config(stage: int, precision: str, world: int, micro: int, optimizer: str
         "train_batch_size": micro * world,
         "optimizer": MUON
         if optimizer == "muon"
-        else {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}},
+        else {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0, "torch_adam": True}},
         "zero_optimization": zero,
         "bf16": {"enabled": precision == "bf16"},
         "steps_per_print": 1_000_000,
@@ -101,6 +101,7 @@ def measure(stage: int, precision: str, optimizer: str, args: argparse.Namespace
         zero=ZeroSettings(reduce_bucket_size=REDUCE_BUCKET),
         rank=rank,
         optimizer=optimizer,
+        fused_adam=False,  # torch's AdamW, as gpt_ds picks on CPU ranks, or Muon
     )
     est = estimate_run(shape, run)
     result = {
