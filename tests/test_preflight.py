@@ -420,10 +420,11 @@ def burn_in_lines(out: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.alone  # its healthy nodes must measure alike: no other worker's ranks beside them
-def test_burn_in_flags_a_throttled_node_and_passes_a_healthy_set(ssh_loopback, tmp_path):
+def test_burn_in_reports_every_figure_and_flags_a_throttled_node(ssh_loopback, tmp_path):
     """Issue 25: `--burn_in` launches gloo over three loopback nodes (each its own sshd, so one
-    node's ranks can be throttled: its sshd in a cgroup with 20% of a core). Healthy: every
-    figure, nothing flagged. Throttled: that node flagged on compute, the others not."""
+    node's ranks can be throttled: its sshd in a cgroup with 20% of a core): every figure, that
+    node flagged on compute, the others not. One launch: that a healthy set flags nothing is
+    slow_flags' to show (tests/test_burn_in.py), and the two healthy nodes here do not."""
     if not os.access(CPU_CGROUP, os.W_OK):
         pytest.skip(f"{CPU_CGROUP} is not writable here: no CPU quota for one node")
     third = ssh_loopback.start_sshd(("127.0.0.3",))
@@ -431,20 +432,16 @@ def test_burn_in_flags_a_throttled_node_and_passes_a_healthy_set(ssh_loopback, t
         hostfile = tmp_path / "hostfile"
         hostfile.write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
         burn_in = ["--burn_in", "--burn_in_model", "gpt2-mini"]
-        healthy = preflight(hostfile, *common_args(tmp_path), *burn_in)
-        assert healthy.returncode == 0, healthy.stdout[-3000:] + healthy.stderr[-3000:]
-        out = healthy.stdout
+        with cpu_quota(third.proc.pid, share=0.2):
+            throttled = preflight(hostfile, *common_args(tmp_path), *burn_in)
+        out = throttled.stdout
+        assert throttled.returncode == 0, out[-3000:] + throttled.stderr[-3000:]
         assert "burn-in: 3 ranks on 3 node(s), gloo" in out, out[-3000:]
         for host in ("127.0.0.1", "127.0.0.2", "127.0.0.3"):
             assert f"matmul {host}: " in out
         assert "all_reduce 64 MiB bus bandwidth" in out and "all_gather 64 MiB" in out
         assert out.count("point-to-point 127.0.0.") == 3  # every pair of nodes
-        assert "no device or link below half the median" in out, burn_in_lines(out)
         assert "expected communication per optimizer step (gpt2-mini, ZeRO-2" in out
-        with cpu_quota(third.proc.pid, share=0.2):
-            throttled = preflight(hostfile, *common_args(tmp_path), *burn_in)
-        out = throttled.stdout
-        assert throttled.returncode == 0, out[-3000:] + throttled.stderr[-3000:]
         assert "slow: 127.0.0.3: matmul" in out and "check its clocks" in out, burn_in_lines(out)
         assert "slow: 127.0.0.1: matmul" not in out and "slow: 127.0.0.2: matmul" not in out
     finally:
