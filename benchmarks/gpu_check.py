@@ -8,13 +8,13 @@ planned to end inside `--budget` seconds (a step that no longer fits is skipped,
 - the environment: GPUs, driver, CUDA/ROCm, versions (read without importing DeepSpeed, so
   it is written even where DeepSpeed is missing), nvcc, and the precision and Adam(W) a run
   would pick here, with the reasons the trainer prints; written at once;
-- throughput on one GPU (benchmarks/throughput.py): GPT-2 124M at block 1024 in bf16 (fp16
-  where bf16 is absent), micro-batch 16 as every earlier table (`--micro_batch_size 0`: the
-  largest power of two that fills the card): gpt_ds with its defaults (the chunked loss), one
-  row per other loss kind (`--loss deepspeed`, `--loss full`), the anchor, plain PyTorch by
-  nanoGPT's recipe (compiled, bf16 autocast, fused AdamW), gpt_ds without ZeRO (DeepSpeed
-  stage 0) and `--compile off`; every repetition written to OUT/throughput.jsonl and .md as
-  it is measured;
+- throughput on one GPU (benchmarks/throughput.py): GPT-2 124M at block 1024 in bf16 (fp16 where
+  bf16 is absent), micro-batch 16 as every earlier table (`--micro_batch_size 0`: the largest
+  power of two that fills the card): gpt_ds with its defaults (the chunked loss), the same with
+  each loss chunk's body compiled (GPT_DS_LOSS_FUSED=1), one row per other loss kind (`--loss
+  deepspeed`, `--loss full`), the anchor, plain PyTorch by nanoGPT's recipe (compiled, bf16
+  autocast, fused AdamW), gpt_ds without ZeRO (DeepSpeed stage 0) and `--compile off`; every
+  repetition written to OUT/throughput.jsonl and .md as it is measured;
 - `pytest -m gpu`, the suite's GPU subset: its summary line;
 - the README's quick start (launchers/quickstart.sh) on one GPU: train, export, sample;
 - gpt2-xl under ZeRO-3 on that GPU, only where the budget leaves room: start-up and three
@@ -46,6 +46,7 @@ from support.workspace import prepare_shakespeare  # noqa: E402
 
 THROUGHPUT_ROWS = [  # measured in this order, so a step cut short keeps the first ones
     "gpt_ds",  # compiled: --compile auto compiles on GPUs; the chunked loss
+    "gpt_ds fused loss chunks",  # each chunk's body compiled too (GPT_DS_LOSS_FUSED=1)
     "gpt_ds --loss deepspeed",  # DeepSpeed's chunked cross-entropy (Triton) over the logits
     "gpt_ds --loss full",  # the fp32 logits' loss inside the compiled graph, as nanoGPT
     "plain PyTorch (nanoGPT recipe)",

@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 import torch  # noqa: E402
 from support.launch import planned  # noqa: E402
 from support.timed_runs import (  # noqa: E402
+    FUSED_CHUNKS,
     NO_ZERO,
     ROWS,
     Measured,
@@ -71,6 +72,7 @@ FP32_ROW = "gpt_ds --precision fp32"  # in a table of another precision only
 # off (on a CPU the default itself) and stage 0 (the same run in every stage's table; gpu_check.py
 # names those two)
 BY_NAME_ONLY = (
+    FUSED_CHUNKS,  # compiles each chunk's body: a GPU row (gpu_check.py names it)
     "gpt_ds --compile",
     "gpt_ds --compile off",
     "gpt_ds --activation_checkpointing",

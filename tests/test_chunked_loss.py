@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from helpers.compared_runs import ITERS, WHOLE
 from support.runs import train_losses, val_losses
+from torch._dynamo.utils import counters
 
 from gpt_ds.data.tokenizer import get_encoding
-from gpt_ds.model.chunked_loss import IGNORE_INDEX, chunked_cross_entropy
+from gpt_ds.model.chunked_loss import FUSED_ENV, IGNORE_INDEX, chunked_cross_entropy
 from gpt_ds.model.gpt2 import (
     LOSS_KINDS,
     ModelShape,
@@ -130,6 +131,34 @@ def test_bf16_loss_and_gradients_equal_the_full_logits_reference_to_bf16_roundin
     assert relative_error(hidden, want_hidden) < 2e-2
     for name, g in got_grads.items():
         assert relative_error(g, want[name]) < 2e-2, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_chunk_body_follows_the_eager_one(dtype, monkeypatch):
+    """FUSED_ENV=1: each chunk's body compiled by inductor (C++ on this CPU, Triton on a GPU)
+    gives the eager body's loss and gradients to float rounding, with padding columns, an
+    ignored token and a shorter last chunk (one chunk a block, as on GPUs); a second step
+    compiles nothing new."""
+    torch.manual_seed(0)
+    hidden = torch.randn(50, 32, dtype=dtype, requires_grad=True)
+    weight = torch.randn(96, 32, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, 90, (50,))
+    labels[3] = IGNORE_INDEX
+
+    def loss_and_grads(fused: bool) -> tuple[torch.Tensor, ...]:
+        monkeypatch.setenv(FUSED_ENV, "1" if fused else "0")
+        loss = chunked_cross_entropy(hidden, weight, labels, rows=16, tokens=90, block=16)
+        return (loss, *torch.autograd.grad(loss, (hidden, weight)))
+
+    eager = loss_and_grads(False)
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    fused = loss_and_grads(True)
+    assert counters["stats"]["unique_graphs"] == before + 2  # 16 rows, then the last 2
+    assert loss_and_grads(True)[0] == fused[0]
+    assert counters["stats"]["unique_graphs"] == before + 2  # kept: nothing compiled again
+    for got, want in zip(fused, eager, strict=True):
+        assert relative_error(got, want) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
 def test_ignored_tokens_do_not_count_and_no_grad_gives_the_same_value():

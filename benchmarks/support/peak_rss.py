@@ -52,7 +52,13 @@ class Watched:
     peak_bytes: int  # the largest rank's VmHWM (0 if no rank was seen)
 
 
-def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.inf) -> Watched:
+def run_watched(
+    ranks: int,
+    args: list[str],
+    log: Path,
+    timeout: float = math.inf,
+    extra_env: dict[str, str] | None = None,
+) -> Watched:
     """`deepspeed --num_gpus RANKS ARGS` on a fresh port, output to `log`, every rank's VmHWM
     polled every 0.1 s: the kernel keeps each rank's peak, but only while the rank lives. Past
     `timeout` seconds the launch and every process it started are killed. Its /dev/shm buffers
@@ -60,7 +66,7 @@ def run_watched(ranks: int, args: list[str], log: Path, timeout: float = math.in
     smoke tests): its ranks are fresh processes, measured as a user's are."""
     port = free_port()
     cmd = deepspeed_launch(ranks, port, args[0], [str(a) for a in args[1:]], [])
-    env = launch_env()
+    env = dict(launch_env(), **(extra_env or {}))  # the launcher passes it to its ranks
     deadline = time.monotonic() + timeout
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
+from gpt_ds.model.chunked_loss import FUSED_ENV
 from gpt_ds.model.gpt2 import ModelShape
 from gpt_ds.observe.metrics_file import read_metrics
 from support.launch import REPO, TRAIN, planned
@@ -32,6 +33,7 @@ PLAIN = REPO / "benchmarks" / "plain_loop.py"
 LR = 6e-4
 UNFUSED_ADAMW = "gpt_ds unfused AdamW"
 NO_ZERO = "gpt_ds without ZeRO (stage 0)"
+FUSED_CHUNKS = "gpt_ds fused loss chunks"
 # row name -> how it is launched: gpt_ds flags, a peer of peer_trainers.py, or a loop of
 # plain_loop.py
 ROWS: dict[str, tuple[str, list[str]]] = {
@@ -49,12 +51,17 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # optimizer, the Adam(W) gpt_ds picks (fused where it can build one)
     NO_ZERO: ("gpt_ds", []),
     "gpt_ds --activation_checkpointing": ("gpt_ds", ["--activation_checkpointing"]),
+    # the defaults with each loss chunk's body compiled by inductor (ROW_ENV)
+    FUSED_CHUNKS: ("gpt_ds", []),
     "HF Trainer": ("peer", ["--trainer", "hf"]),
     "bare DeepSpeed loop": ("peer", ["--trainer", "bare"]),
     # no DeepSpeed: the anchor, torch.compile'd where inductor pays off (args.plain_compile)
     "plain PyTorch (nanoGPT recipe)": ("plain", ["--model", "nanogpt"]),
     "plain PyTorch (GPT2LMHeadModel)": ("plain", ["--model", "hf"]),
 }
+
+# rows that differ from another only in an environment variable the ranks read
+ROW_ENV: dict[str, dict[str, str]] = {FUSED_CHUNKS: {FUSED_ENV: "1"}}
 
 
 @dataclass
@@ -137,7 +144,8 @@ def launch_command(setup: Setup, row: str, out: Path) -> list[str]:
 def run_once(setup: Setup, row: str, out: Path) -> Measured:
     """One launch of `row`; its tokens/s after warm-up and its largest per-rank peak memory."""
     out.mkdir(parents=True)
-    run = run_watched(setup.args.ranks, launch_command(setup, row, out), out / "log.txt")
+    cmd = launch_command(setup, row, out)
+    run = run_watched(setup.args.ranks, cmd, out / "log.txt", extra_env=ROW_ENV.get(row))
     if run.rc != 0:
         tail = (out / "log.txt").read_text()[-4000:]
         raise RowFailed(f"{row} failed (rc {run.rc}): {' '.join(run.cmd)}\n{tail}")

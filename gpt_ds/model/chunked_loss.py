@@ -36,6 +36,11 @@ GRAD_BLOCK_BYTES = {"cpu": 64 << 20, "gpu": 0}
 # Benchmarks only: "gpu" makes CPU ranks walk the loss in a GPU's chunks, so that the kernel
 # launches a GPU step makes can be counted on a CPU (benchmarks/host_overhead.py).
 CHUNKS_ENV = "GPT_DS_LOSS_CHUNKS"
+# Benchmarks only, until a GPU table decides (benchmarks/throughput.py's "gpt_ds fused loss
+# chunks" row): "1" compiles each chunk's body (upcast, log-sum-exp, softmax minus one-hot,
+# cast back) with inductor, which reads the chunk's logits a few times where the eager body
+# makes ~15 fp32 passes over them. One graph per chunk length: the last, shorter chunk adds one.
+FUSED_ENV = "GPT_DS_LOSS_FUSED"
 
 
 def chunk_rows(vocab_size: int, device_type: str = "cuda") -> int:
@@ -119,6 +124,35 @@ def _add_head_grads(
     return grad @ weight
 
 
+def _chunk_loss_and_grad(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    count: torch.Tensor,
+    tokens: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss sum, d(mean loss)/d(logits) in the hidden states' dtype) of one chunk of fp32
+    logits: the body `chunk_body` may compile."""
+    logits = _chunk_logits(hidden, weight, tokens)
+    loss_sum, lse, counted, safe = _loss_sum(logits, labels)
+    grad = _scaled_logit_grad(logits, lse, safe, counted.float() / count)
+    return loss_sum, grad.to(hidden.dtype)
+
+
+_compiled_chunk_body = None
+
+
+def chunk_body():
+    """The chunk body: compiled by inductor under FUSED_ENV=1 (built once, on first use),
+    else eager."""
+    global _compiled_chunk_body
+    if os.environ.get(FUSED_ENV) != "1":
+        return _chunk_loss_and_grad
+    if _compiled_chunk_body is None:
+        _compiled_chunk_body = torch.compile(_chunk_loss_and_grad, dynamic=False, fullgraph=True)
+    return _compiled_chunk_body
+
+
 def _block_loss_and_grad(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -128,21 +162,17 @@ def _block_loss_and_grad(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss sum, d(mean loss)/d(logits) in the hidden states' dtype) of one block, one chunk
     of fp32 logits at a time."""
+    body = chunk_body()
     if len(hidden) <= chunk.rows:  # one chunk: its gradient needs no gathering buffer
-        logits = _chunk_logits(hidden, weight, chunk.tokens)
-        loss_sum, lse, counted, safe = _loss_sum(logits, labels)
-        return loss_sum, _scaled_logit_grad(logits, lse, safe, counted.float() / count).to(
-            hidden.dtype
-        )
+        return body(hidden, weight, labels, count, chunk.tokens)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     grad = torch.empty(len(hidden), weight.shape[0], dtype=hidden.dtype, device=hidden.device)
     for start in range(0, len(hidden), chunk.rows):
         end = start + chunk.rows
-        logits = _chunk_logits(hidden[start:end], weight, chunk.tokens)
-        loss_sum, lse, counted, safe = _loss_sum(logits, labels[start:end])
-        total += loss_sum
-        grad[start:end] = _scaled_logit_grad(logits, lse, safe, counted.float() / count)
-        del logits  # one chunk of fp32 logits alive at a time
+        loss_sum, grad[start:end] = body(
+            hidden[start:end], weight, labels[start:end], count, chunk.tokens
+        )
+        total += loss_sum  # one chunk of fp32 logits alive at a time
     return total, grad
 
 
