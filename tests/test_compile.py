@@ -14,7 +14,9 @@ import torch._dynamo
 from helpers.compared_runs import ITERS, WHOLE, compared_run
 from helpers.shared import shared_folder
 from support.runs import train_losses, val_losses
+from torch.profiler import ProfilerActivity, profile
 
+from gpt_ds.base.phases import PHASE_PREFIX
 from gpt_ds.dsconfig.settings import MachineFacts
 from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, build_model, padded_vocab
 from gpt_ds.observe.metrics_file import read_metrics
@@ -102,6 +104,23 @@ def test_the_logits_losses_compile_in_the_models_one_graph(loss):
     torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-6)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, want[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("loss", ["chunked", "deepspeed"])
+def test_a_compiled_models_eager_loss_is_profiled_as_the_loss_phase(loss):
+    """--profile's phases under --compile: the model's own `loss` range is traced away with
+    the compiled graph, so each eager loss opens its own; a GPU trace then counts the loss's
+    kernels apart from the forward's (an H200's profile had none in `loss`)."""
+    shape = padded_vocab(ModelShape(n_layer=1, n_head=2, n_embd=32, block_size=16), 64)
+    model = build_model(shape, loss=loss).train()
+    x = torch.randint(0, shape.tokens, (2, 16))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")
+    compiled(input_ids=x, targets=x).backward()  # compiled before the profiled step
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        compiled(input_ids=x, targets=x).backward()
+    ranges = [e for e in prof.events() if e.name == PHASE_PREFIX + "loss"]
+    assert ranges and all(e.cpu_children for e in ranges), [e.name for e in prof.events()][:50]
 
 
 def test_auto_compiles_on_gpus_only():

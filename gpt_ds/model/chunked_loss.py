@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt_ds.base.phases import phase
+
 IGNORE_INDEX = -100
 # fp32 logits per chunk. CPU: 16 MiB (~80 tokens of GPT-2's vocabulary) measured fastest here
 # (benchmarks/throughput.py: 64 MiB was 13% slower and 0.1 GiB larger, 4 MiB slower again; the
@@ -259,6 +261,19 @@ def chunked_cross_entropy(
     rows / block: tokens per chunk of logits / per block of gathered gradients (default: the
     device's, chunk_rows and block_rows).
     """
+    with phase("loss"):  # here too: under --compile, the model's own range around it is gone
+        return _chunked_cross_entropy(hidden, weight, labels, rows, tokens, block)
+
+
+def _chunked_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    rows: int | None,
+    tokens: int | None,
+    block: int | None,
+) -> torch.Tensor:
+    """`chunked_cross_entropy`'s work, inside its profiler range."""
     hidden = hidden.reshape(-1, hidden.shape[-1])
     labels = labels.reshape(-1)
     device = os.environ.get(CHUNKS_ENV) or hidden.device.type
