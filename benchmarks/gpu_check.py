@@ -15,6 +15,8 @@ planned to end inside `--budget` seconds (a step that no longer fits is skipped,
   deepspeed`, `--loss full`), the anchor, plain PyTorch by nanoGPT's recipe (compiled, bf16
   autocast, fused AdamW), gpt_ds without ZeRO (DeepSpeed stage 0) and `--compile off`; every
   repetition written to OUT/throughput.jsonl and .md as it is measured;
+- a profile of gpt_ds's defaults at the same size (`--profile`, steps 3-5, no log line among
+  them): the trainer's kernel launches and host syncs by phase, into the report;
 - `pytest -m gpu`, the suite's GPU subset: its summary line;
 - the README's quick start (launchers/quickstart.sh) on one GPU: train, export, sample;
 - gpt2-xl under ZeRO-3 on that GPU, only where the budget leaves room: start-up and three
@@ -54,7 +56,13 @@ THROUGHPUT_ROWS = [  # measured in this order, so a step cut short keeps the fir
     "gpt_ds --compile off",
 ]
 # each step's longest time (seconds), in the order they run; --limit STEP=SECONDS changes one
-STEP_LIMIT_S = {"throughput": 300, "gpu tests": 180, "quick start": 120, "gpt2-xl zero3": 150}
+STEP_LIMIT_S = {
+    "throughput": 300,
+    "profile": 120,
+    "gpu tests": 180,
+    "quick start": 120,
+    "gpt2-xl zero3": 150,
+}
 MIN_STEP_S = 30  # a step with less of the budget left is skipped
 
 
@@ -152,8 +160,13 @@ def step_commands(args: argparse.Namespace, env: dict, out: Path, work: Path) ->
     precision = "bf16" if env["precision"].startswith("bf16") else "fp16"
     if args.on_cpu:
         precision = "fp32"
+    micro = args.micro_batch_size or card_filling_micro_batch(
+        torch_cuda_bytes(), lambda m: predicted_full_logits_peak(m, precision, data)
+    )
+    print(f"throughput and profile micro-batch: {micro}", flush=True)
     commands = {
-        "throughput": throughput_command(args, python, data, precision, work, out),
+        "throughput": throughput_command(args, python, data, precision, micro, work, out),
+        "profile": profile_command(args, data, precision, micro, work / "profile"),
         "gpu tests": [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
         "quick start": quickstart_command(python, data, work / "quickstart", args.on_cpu),
         "gpt2-xl zero3": xl_command(python, data, work / "gpt2-xl"),
@@ -195,17 +208,31 @@ def xl_command(python: str, data: Path, out_dir: Path) -> list[str]:
     return xl + ["--data_dir", str(data), "--out_dir", str(out_dir)]
 
 
+def profile_command(
+    args: argparse.Namespace, data: Path, precision: str, micro: int, out_dir: Path
+) -> list[str]:
+    """gpt_ds with its defaults at the throughput rows' size, `--profile`d: steps 3-5 after the
+    compile, no log line among them; rank 0 prints kernel launches and host syncs by phase."""
+    cmd = [*deepspeed_command(), "--num_gpus", "1", str(TRAIN), "--model", args.model]
+    cmd += ["--block_size", str(args.block_size), "--micro_batch_size", str(micro)]
+    cmd += ["--grad_accum", "1", "--precision", precision, "--max_iters", "8"]
+    cmd += ["--log_interval", "10", "--eval_interval", "0", "--no_checkpoint", "--profile"]
+    return cmd + ["--data_dir", str(data), "--out_dir", str(out_dir)]
+
+
 def throughput_command(
-    args: argparse.Namespace, python: str, data: Path, precision: str, work: Path, out: Path
+    args: argparse.Namespace,
+    python: str,
+    data: Path,
+    precision: str,
+    micro: int,
+    work: Path,
+    out: Path,
 ) -> list[str]:
     """benchmarks/throughput.py on one GPU: args.model at args.block_size, every row of
     args.rows, each repetition written to OUT/throughput.jsonl (and .md) as it is measured."""
     cmd = [python, str(REPO / "benchmarks" / "throughput.py"), "--models", args.model]
     cmd += ["--stages", "2", "--ranks", "1", "--block_size", str(args.block_size)]
-    micro = args.micro_batch_size or card_filling_micro_batch(
-        torch_cuda_bytes(), lambda m: predicted_full_logits_peak(m, precision, data)
-    )
-    print(f"throughput micro-batch: {micro}", flush=True)
     cmd += ["--precision", precision, "--micro_batch_size", str(micro)]
     cmd += ["--grad_accum", "1", "--steps", str(args.steps), "--warmup", str(args.steps // 3)]
     cmd += ["--reps", str(args.reps), "--data_dir", str(data), "--rows", *args.rows]
@@ -229,8 +256,23 @@ def report(env: dict, results: dict, out: Path) -> str:
         if name == "throughput" and measured.is_file():
             lines += ["| model | row | repetition | tokens/s | peak |", "|---|---|---:|---:|---:|"]
             lines += [*measured.read_text().splitlines(), ""]
+        if name == "profile":
+            lines += profile_table(res["text"])
         lines += [ln for ln in res["text"].splitlines() if _key_line(ln)][-40:]
     return "\n".join(lines) + "\n"
+
+
+def profile_table(text: str) -> list[str]:
+    """The trainer's per-step table of a profiled run (kernel launches and host syncs by
+    phase, the busiest operators, the syncs named), as a code block; none if it has none."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("per optimizer step")), None)
+    if start is None:
+        return []
+    end = next(
+        (i for i in range(start, len(lines)) if lines[i].startswith("host syncs:")), start + 12
+    )
+    return ["```", *lines[start : end + 1], "```", ""]
 
 
 def _key_line(line: str) -> bool:

@@ -130,6 +130,31 @@ def test_host_overhead_benchmark_prints_its_table(shakespeare_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_gpu_check_profiles_the_defaults_with_no_log_line_in_the_window(shakespeare_dir, tmp_path):
+    """gpu_check's profile step at a tiny size on one CPU rank: the real `deepspeed` command it
+    builds trains, its profiled steps (after the compiling first) hold no log line, whose loss
+    read would be the trainer's sync, and the trainer's table of launches and syncs by phase
+    is what the report lifts."""
+    import subprocess
+
+    from gpu_check import parse_args, profile_command, profile_table
+    from support.launch import launch_env
+
+    args = parse_args(["--model", "gpt2-tiny", "--block_size", "64"])
+    cmd = profile_command(args, shakespeare_dir, "fp32", 2, tmp_path / "run")
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = profile_table(proc.stdout)
+    assert table[0] == "```" and "per optimizer step" in table[1], proc.stdout[-3000:]
+    rows = {ln.split()[0]: ln.split()[1:] for ln in table[3:-3] if len(ln.split()) == 3}
+    assert set(rows) >= {"forward", "loss", "backward", "step", "trainer", "total"}, table
+    assert float(rows["trainer"][1]) == 0.0 and int(rows["loss"][0]) > 0, table
+    assert table[-3].startswith("host syncs:"), table
+
+
+@pytest.mark.slow
 def test_gpu_check_stopped_by_its_budget_keeps_what_it_measured(shakespeare_dir, tmp_path):
     """The GPU check's own flow on CPU ranks at a tiny size (`--on_cpu`), its throughput step
     given more repetitions than its 45 s budget holds: the environment is written first, each
