@@ -639,3 +639,29 @@ def test_empty_and_yaml_config_files_are_named(tmp_path, text, parts):
     with pytest.raises(ConfigError) as e:
         load_ds_config(path)
     assert_names(problems_of(e), *(part.format(path=path) for part in parts))
+
+
+@pytest.mark.parametrize(
+    "stage,precision,torch_adam,said",
+    [(0, "bf16", True, True), (0, "bf16", False, False), (0, "fp32", True, False),
+     (1, "bf16", True, False)],
+)  # fmt: skip
+def test_stage_0_in_16_bits_says_deepspeed_steps_each_tensor_apart(
+    stage, precision, torch_adam, said
+):
+    """At stage 0 in 16 bits DeepSpeed wraps any optimizer but its FusedAdam in
+    FP16_UnfusedOptimizer (0.47x ZeRO-2 on an H200): the plan says so, and the memory model
+    counts that wrapper's gradients (DeepSpeedRun.fused_adam) by the same rule."""
+    from gpt_ds.memory.estimate import DeepSpeedRun
+
+    raw = zero2()
+    raw["zero_optimization"] = {"stage": stage}
+    raw["optimizer"]["params"]["torch_adam"] = torch_adam
+    settings = run_settings(precision=precision)
+    r = resolve_ds_config(raw, settings, source="x.json", facts=here())
+    note = [n for n in r.notes if n.startswith(f"stage 0 in {precision}:")]
+    assert bool(note) == said, r.notes
+    run = DeepSpeedRun.from_resolved(
+        r, world_size=1, gpus_per_node=1, activation_checkpointing=False, loss="chunked"
+    )
+    assert run.fused_adam is not torch_adam

@@ -288,6 +288,17 @@ def optimizer_type(optimizer: dict | None) -> str | None:
     return str(kind).lower() if kind else None
 
 
+def steps_fused_adam(ds_config: dict) -> bool:
+    """Whether DeepSpeed builds its FusedAdam for this config: Adam(W) without `torch_adam`,
+    without optimizer offload (CPU Adam). At stage 0 in 16 bits any other optimizer is
+    stepped by FP16_UnfusedOptimizer, an fp32 copy and step per tensor."""
+    optimizer = ds_config.get("optimizer") or {}
+    zero = ds_config.get("zero_optimization", {})
+    offload = zero.get("offload_optimizer", {}).get("device", "none") != "none"
+    torch_adam = optimizer.get("params", {}).get("torch_adam", False)
+    return optimizer_type(optimizer) in ("adam", "adamw") and not torch_adam and not offload
+
+
 def _choose_adam(r: Resolution, optimizer: dict) -> None:
     """Adam(W), and Muon's AdamW half, become the implementation this machine can run
     (optimizer.py): torch's AdamW on CPU ranks and on GPUs where DeepSpeed's FusedAdam could

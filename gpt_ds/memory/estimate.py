@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpt_ds.base.errors import ConfigError
+from gpt_ds.dsconfig.optimization import steps_fused_adam
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, is_muon_matrix, shape_problems
 
@@ -125,7 +126,6 @@ class DeepSpeedRun:
     ) -> DeepSpeedRun:
         """The run a resolved DeepSpeed config describes, on `world_size` ranks."""
         zero = resolved.config.get("zero_optimization", {})
-        params = (resolved.config.get("optimizer") or {}).get("params", {})
         offload = zero.get("offload_optimizer", {}).get("device", "none") != "none"
         return cls(
             zero_stage=resolved.zero_stage,
@@ -139,9 +139,7 @@ class DeepSpeedRun:
             loss=loss,
             zero=ZeroSettings.from_ds_config(zero),
             optimizer="muon" if resolved.optimizer == "muon" else "adamw",
-            fused_adam=resolved.optimizer in ("adam", "adamw")
-            and not params.get("torch_adam", False)
-            and not offload,
+            fused_adam=steps_fused_adam(resolved.config),
         )
 
 
