@@ -56,6 +56,11 @@ _WIDTH_SIZES = {
 _DEEPSPEED_AUTOS = ("data_types.keep_in_fp32_modules",)
 
 
+def zero_stage(ds_config: dict) -> int:
+    """A DeepSpeed config's ZeRO stage (0 where it names none, as DeepSpeed reads it)."""
+    return int(ds_config.get("zero_optimization", {}).get("stage", 0))
+
+
 @dataclass(frozen=True)
 class ResolvedDsConfig:
     """A DeepSpeed config with every "auto" filled, and what was decided, for the run's log."""
@@ -81,7 +86,7 @@ class ResolvedDsConfig:
 
     @property
     def zero_stage(self) -> int:
-        return int(self.config.get("zero_optimization", {}).get("stage", 0))
+        return zero_stage(self.config)
 
     @property
     def optimizer(self) -> str | None:
@@ -376,8 +381,8 @@ class _Resolver:
     def unfused_stage0(self, precision: str) -> None:
         """Say where DeepSpeed will step each tensor apart: stage 0 in 16 bits with any
         optimizer but its FusedAdam (0.47x ZeRO-2's tokens/s on an H200, BENCHMARKS.md)."""
-        stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
-        if stage == 0 and precision != "fp32" and not steps_fused_adam(self.ds_config):
+        stage0 = zero_stage(self.ds_config) == 0
+        if stage0 and precision != "fp32" and not steps_fused_adam(self.ds_config):
             self.notes.append(
                 f"stage 0 in {precision}: DeepSpeed steps this optimizer one tensor at a time "
                 "(FP16_UnfusedOptimizer); ZeRO-1 or 2 step one flat tensor, on one GPU too"

@@ -126,10 +126,9 @@ class DeepSpeedRun:
     ) -> DeepSpeedRun:
         """The run a resolved DeepSpeed config describes, on `world_size` ranks."""
         zero = resolved.config.get("zero_optimization", {})
-        offload = zero.get("offload_optimizer", {}).get("device", "none") != "none"
         return cls(
             zero_stage=resolved.zero_stage,
-            offload_optimizer=offload,
+            offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none") != "none",
             offload_param=zero.get("offload_param", {}).get("device", "none") != "none",
             world_size=world_size,
             gpus_per_node=gpus_per_node,

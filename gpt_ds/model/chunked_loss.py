@@ -169,12 +169,12 @@ def _block_loss_and_grad(
         return body(hidden, weight, labels, count, chunk.tokens)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     grad = torch.empty(len(hidden), weight.shape[0], dtype=hidden.dtype, device=hidden.device)
-    for start in range(0, len(hidden), chunk.rows):
+    for start in range(0, len(hidden), chunk.rows):  # one chunk of fp32 logits alive at a time
         end = start + chunk.rows
         loss_sum, grad[start:end] = body(
             hidden[start:end], weight, labels[start:end], count, chunk.tokens
         )
-        total += loss_sum  # one chunk of fp32 logits alive at a time
+        total += loss_sum
     return total, grad
 
 

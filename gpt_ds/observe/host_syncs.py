@@ -45,7 +45,8 @@ def _to_host(args: tuple, kwargs: dict) -> bool:
 
 
 def _marked_method(name: str, method):
-    """`Tensor.<name>` run inside a `host_sync::<name>` range when it reads a device value."""
+    """`method` (a Tensor method, or a device synchronize) run inside a `host_sync::<name>`
+    range; a `.to` only when it copies a device tensor to the host."""
 
     def marked(*args, **kwargs):
         if name != "to" or _to_host(args, kwargs):
@@ -68,14 +69,6 @@ def _marked_tensor(tensor):
     return marked
 
 
-def _marked(sync):
-    def synchronize(*args, **kwargs):
-        with record_function(SYNC_PREFIX + "synchronize"):
-            return sync(*args, **kwargs)
-
-    return synchronize
-
-
 @contextlib.contextmanager
 def marking_syncs() -> Iterator[None]:
     """Every host sync marked until the block ends: the Tensor methods of SYNC_METHODS and
@@ -87,8 +80,9 @@ def marking_syncs() -> Iterator[None]:
 
     accelerator = get_accelerator()
     cuda_sync, tensor = torch.cuda.synchronize, torch.tensor
-    accelerator.synchronize = _marked(accelerator.synchronize)  # on the instance only
-    torch.cuda.synchronize = _marked(cuda_sync)
+    # on the instance only: deleting it below brings back the class's method
+    accelerator.synchronize = _marked_method("synchronize", accelerator.synchronize)
+    torch.cuda.synchronize = _marked_method("synchronize", cuda_sync)
     torch.tensor = _marked_tensor(tensor)
     for name in (*SYNC_METHODS, "to"):  # each defined on torch's C base class, not on Tensor
         setattr(torch.Tensor, name, _marked_method(name, getattr(torch.Tensor, name)))
