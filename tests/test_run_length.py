@@ -13,7 +13,8 @@ from helpers.messages import assert_names
 from support.launch import TRAIN, tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, run_length
+from gpt_ds.dsconfig.resolve import run_length
+from gpt_ds.dsconfig.settings import DEFAULT_MAX_ITERS
 from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.run.config import length_problems, parse_args
 from gpt_ds.run.machine import probe_machine
@@ -65,7 +66,6 @@ def test_a_launch_resolves_each_thing_once(shakespeare_dir, tmp_path, monkeypatc
     resolution (no stand-in length first); its schedule spans the steps its resolved batch
     gives the budget."""
     from gpt_ds.dsconfig import resolve
-    from gpt_ds.dsconfig import run_length as lengths
     from gpt_ds.run import config, plan
 
     calls: dict[str, int] = {}
@@ -83,7 +83,6 @@ def test_a_launch_resolves_each_thing_once(shakespeare_dir, tmp_path, monkeypatc
     counted(resolve.RunSettings, "problems")
     counted(plan, "resolve_ds_config")
     counted(resolve, "run_length")
-    counted(lengths, "run_length")
     facts = probe_machine()  # once, before: train.py's main() probes, plan_run reads
     flags = ["--data_dir", str(shakespeare_dir), "--out_dir", str(tmp_path / "run"),
              "--block_size", "64", "--micro_batch_size", "4", "--grad_accum", "2",

@@ -32,15 +32,17 @@ from gpt_ds.dsconfig.optimization import (
     optimizer_type,
     steps_fused_adam,
 )
-from gpt_ds.dsconfig.run_length import RunLength, run_length
 from gpt_ds.dsconfig.schema import validate_ds_config
 from gpt_ds.dsconfig.settings import (
     DEFAULT_GRAD_ACCUM,
     DEFAULT_GRAD_CLIP,
     DEFAULT_MICRO_BATCH,
+    LengthFlags,
     MachineFacts,
     RunSettings,
+    has_budget,
     is_set,
+    steps_asked,
 )
 
 # ZeRO sizes "auto" may take, derived from the model's width h as the HF Trainer derives them
@@ -59,6 +61,15 @@ _DEEPSPEED_AUTOS = ("data_types.keep_in_fp32_modules",)
 def zero_stage(ds_config: dict) -> int:
     """A DeepSpeed config's ZeRO stage (0 where it names none, as DeepSpeed reads it)."""
     return int(ds_config.get("zero_optimization", {}).get("stage", 0))
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """The run's length in optimizer steps, as planned."""
+
+    max_iters: int  # the step the run trains up to
+    decay_iters: int  # where the schedule's decay ends: --lr_decay_iters, else max_iters
+    line: str | None = None  # the log line of a budget turned into steps
 
 
 @dataclass(frozen=True)
@@ -409,3 +420,28 @@ def _auto_paths(node: Any, where: str = "") -> list[str]:
     if isinstance(node, list):
         return [p for i, v in enumerate(node) for p in _auto_paths(v, f"{where}[{i}]")]
     return [where] if node == "auto" else []
+
+
+# ------------------------------------------------------------------ the run's length
+# A budget is rounded up to whole steps; each launch derives its steps from its own batch, so a
+# resume with the same batch stops at the same step. The result is the plan's (`RunLength`),
+# never written back into the run config: a replayed config asks for the same budget again.
+def run_length(cfg: LengthFlags, tokens_per_iter: int, train_tokens: int) -> RunLength:
+    """The steps `cfg` asks for; a budget in tokens or epochs becomes whole steps of
+    `tokens_per_iter` (all ranks), said in `line`."""
+    if not has_budget(cfg):
+        iters, line = steps_asked(cfg), None
+    else:
+        if cfg.max_tokens is not None:
+            budget, what = cfg.max_tokens, f"--max_tokens {cfg.max_tokens:,}"
+        else:
+            assert cfg.max_epochs is not None  # has_budget: one of the two is given
+            budget = math.ceil(cfg.max_epochs * train_tokens)
+            what = f"--max_epochs {cfg.max_epochs:g} of {train_tokens:,} train tokens"
+        iters = math.ceil(budget / tokens_per_iter)
+        line = f"run length: {iters:,} iterations from {what} ({tokens_per_iter:,} tokens each)"
+        if cfg.lr_decay_iters is not None and cfg.lr_decay_iters > iters:
+            raise ConfigError(
+                f"--lr_decay_iters {cfg.lr_decay_iters} is beyond the {iters} steps of {what}"
+            )
+    return RunLength(max_iters=iters, decay_iters=cfg.lr_decay_iters or iters, line=line)

@@ -1,9 +1,10 @@
 """What resolving a DeepSpeed config reads besides the config: the run's settings
-(`RunSettings`: command-line values, their one check and their documented defaults) and the
-facts of the machine it runs on (`MachineFacts`: probed once at start by run/machine.py
-`probe_machine`, or stated for a cluster the picker plans for). dsconfig/resolve.py turns
-config + settings + facts into the resolved config, probing nothing; the sections it hands to
-other modules (dsconfig/optimization.py, muon.py) see the resolution as a `Resolution`."""
+(`RunSettings`: command-line values, their one check and their documented defaults; the length
+flags, `LengthFlags`) and the facts of the machine it runs on (`MachineFacts`: probed once at
+start by run/machine.py `probe_machine`, or stated for a cluster the picker plans for).
+dsconfig/resolve.py turns config + settings + facts into the resolved config, probing nothing;
+the sections it hands to other modules (dsconfig/optimization.py, muon.py) see the resolution
+as a `Resolution`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,44 @@ from typing import Any, Protocol, TypeGuard
 
 from gpt_ds.dsconfig.optimizer import AdamFacts
 from gpt_ds.dsconfig.precision import PRECISIONS
-from gpt_ds.dsconfig.run_length import LengthFlags
+
+# How long a run trains: `--max_iters`, or a budget in tokens (`--max_tokens`) or in passes over
+# the train split (`--max_epochs`); dsconfig/resolve.py turns a budget into steps once the batch
+# is resolved (`run_length`).
+DEFAULT_MAX_ITERS = 200  # when no flag gives the run's length
+
+
+class LengthFlags(Protocol):
+    """The run config's length flags (run/config.py's RunConfig: frozen, so read-only)."""
+
+    @property
+    def max_iters(self) -> int | None: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def max_epochs(self) -> float | None: ...
+    @property
+    def lr_decay_iters(self) -> int | None: ...
+
+
+def has_budget(cfg: LengthFlags) -> bool:
+    """Whether the run's length is given in tokens or epochs rather than in steps."""
+    return cfg.max_tokens is not None or cfg.max_epochs is not None
+
+
+def steps_asked(cfg: LengthFlags) -> int:
+    """The steps a run without a budget trains for: --max_iters, else the default."""
+    return DEFAULT_MAX_ITERS if cfg.max_iters is None else cfg.max_iters
+
+
+def decay_flag(cfg: LengthFlags) -> str:
+    """The flag the schedule's span comes from: --lr_decay_iters, else the run's length flag."""
+    if cfg.lr_decay_iters is not None:
+        return "--lr_decay_iters"
+    if cfg.max_tokens is not None:
+        return "--max_tokens"
+    return "--max_epochs" if cfg.max_epochs is not None else "--max_iters"
+
 
 # `RunSettings`: what the run decides for the DeepSpeed config (command-line values and the
 # launcher's world size), and the one check of those values. The run config (run/config.py)

@@ -1,5 +1,6 @@
-"""Rank-0 training logs: readable console lines, `OUT_DIR/metrics.jsonl` (metrics_file.py) and
-the DeepSpeed monitors (TensorBoard, W&B, CSV; `EngineMonitor`), all from one record.
+"""Rank-0 training logs: readable console lines, `OUT_DIR/metrics.jsonl` (a JSON record a line,
+appended here; read back by metrics_file.py) and the DeepSpeed monitors (TensorBoard, W&B, CSV;
+`EngineMonitor`), all from one record.
 
 Throughput, TFLOP/s, MFU (against the accelerator's peak: `resolve_peak`, from the table in
 peak_flops.py), ETA and peak memory (a rank's RSS on CPU) are derived here so the training loop
@@ -8,6 +9,7 @@ only reports raw facts (iteration, loss, lr, gradient norm, elapsed time).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -20,7 +22,7 @@ import torch
 from gpt_ds.base import logs
 from gpt_ds.base.processes import peak_rss_gib
 from gpt_ds.dsconfig.monitors import SECTIONS, enabled
-from gpt_ds.observe.metrics_file import METRICS_FILE, append_record
+from gpt_ds.observe.metrics_file import METRICS_FILE
 
 
 def resolve_peak(
@@ -147,7 +149,8 @@ class MetricsLogger:
     def write(self, kind: str, record: dict) -> None:
         if self.enabled:
             rec = {"kind": kind, **record, "time": round(time.time(), 3), "run_id": self.run_id}
-            append_record(self.path, rec)
+            with self.path.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
 
     def log_train(
         self,

@@ -1,7 +1,8 @@
-"""`OUT_DIR/metrics.jsonl`, the run's records one JSON object per line: its name, appending a
-record, reading it back (a run still writing, a crashed launch's torn last line), and the
-resume's housekeeping: records past a checkpoint moved aside (`rewind`), a launch killed before
-its first checkpoint kept apart (`set_aside_attempt`, `read_attempts`).
+"""`OUT_DIR/metrics.jsonl`, the run's records one JSON object per line (observe/metrics.py's
+`MetricsLogger` appends them): its name, reading it back (a run still writing, a crashed
+launch's torn last line), and the resume's housekeeping: records past a checkpoint moved aside
+(`rewind`), a launch killed before its first checkpoint kept apart (`set_aside_attempt`,
+`read_attempts`).
 
 Every record has a `kind` ("train", "eval" or "event"; `record_kind` infers it for records
 written before it existed), the wall-clock `time` and the launch's `run_id`.
@@ -15,12 +16,6 @@ import time
 from pathlib import Path
 
 METRICS_FILE = "metrics.jsonl"
-
-
-def append_record(path: Path, record: dict) -> None:
-    """Add one record as a line of its own (JSON, then a newline)."""
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 def rewind(out_dir: str | Path, iteration: int) -> int:

@@ -23,13 +23,14 @@ from gpt_ds.checkpoint.manifest import replayed_flags
 from gpt_ds.data.mixture import DEFAULT_DATA_DIR, data_specs
 from gpt_ds.data.tokens import rebuild_command
 from gpt_ds.dsconfig.optimization import SCHEDULES
-from gpt_ds.dsconfig.run_length import DEFAULT_MAX_ITERS, decay_flag
 from gpt_ds.dsconfig.schema import PRESETS, preset_path
 from gpt_ds.dsconfig.settings import (
     DEFAULT_GRAD_ACCUM,
     DEFAULT_GRAD_CLIP,
+    DEFAULT_MAX_ITERS,
     DEFAULT_MICRO_BATCH,
     RunSettings,
+    decay_flag,
 )
 from gpt_ds.model.gpt2 import (
     LOSS_KINDS,
@@ -431,7 +432,8 @@ def validate(cfg: RunConfig, world_size: int) -> ModelShape | None:
 
 
 def length_problems(cfg: RunConfig) -> list[str]:
-    """Conflicting or out-of-range run-length flags (run_length.py turns a budget into steps)."""
+    """Conflicting or out-of-range run-length flags (dsconfig/resolve.py's `run_length` turns a
+    budget into steps)."""
     problems = []
     given = [f for f in ("max_tokens", "max_epochs") if getattr(cfg, f) is not None]
     if len(given) > 1:

@@ -35,8 +35,7 @@ from gpt_ds.checkpoint.tags import (
 from gpt_ds.data.mixture import DataMix, load_mix
 from gpt_ds.dsconfig.monitors import check_monitors, wandb_env, with_monitor_flags
 from gpt_ds.dsconfig.optimization import with_schedule
-from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
-from gpt_ds.dsconfig.run_length import RunLength
+from gpt_ds.dsconfig.resolve import ResolvedDsConfig, RunLength, resolve_ds_config
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.dsconfig.settings import MachineFacts
 from gpt_ds.memory.estimate import DeepSpeedRun, MemoryEstimate, estimate_run
