@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.compared_runs import ITERS, WHOLE
-from support.runs import train_losses, val_losses
+from helpers.logged import train_losses, val_losses
 from torch._dynamo.utils import counters
 
 from gpt_ds.data.tokenizer import get_encoding

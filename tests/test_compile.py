@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch._dynamo
 from helpers.compared_runs import ITERS, WHOLE, compared_run
+from helpers.logged import train_losses, val_losses
 from helpers.shared import shared_folder
-from support.runs import train_losses, val_losses
 from torch.profiler import ProfilerActivity, profile
 
 from gpt_ds.base.phases import PHASE_PREFIX

@@ -8,8 +8,8 @@ import json
 
 import pytest
 from harness.launch import run_deepspeed, run_python
+from helpers.logged import val_losses
 from support.launch import REPO, tiny_run_args
-from support.runs import val_losses
 
 from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.training.trainer import EarlyStop

@@ -45,10 +45,11 @@ import numpy as np
 import pytest
 import torch
 from harness.launch import Launch
+from helpers.logged import train_losses, train_lrs, val_losses
 from helpers.messages import assert_names, names
 from helpers.system import mount, umount
 from support.launch import REPO, launch_env, tiny_run_args
-from support.runs import consolidated_model, train_losses, train_lrs, val_losses
+from support.runs import consolidated_model
 from transformers import GPT2LMHeadModel
 
 from gpt_ds.checkpoint.integrity import file_digest

@@ -16,8 +16,9 @@ import shutil
 import pytest
 import torch
 from harness.launch import run_deepspeed, run_python
+from helpers.logged import train_losses
 from support.launch import REPO, launch_env, tiny_run_args
-from support.runs import consolidated_model, train_losses
+from support.runs import consolidated_model
 
 from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
 from gpt_ds.observe.profile import SYNC_DEBUG_ENV

@@ -22,9 +22,10 @@ from helpers.compared_runs import (
     assert_losses_close,
     assert_weights_close,
 )
+from helpers.logged import train_losses, train_lrs, val_losses
 from helpers.messages import assert_names
 from support.launch import tiny_run_args
-from support.runs import consolidated_model, train_losses, train_lrs, val_losses
+from support.runs import consolidated_model
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.checkpoint.manifest import Manifest

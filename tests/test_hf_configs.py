@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 from harness.launch import run_deepspeed
+from helpers.logged import train_losses, train_lrs
 from helpers.machine import here
 from helpers.messages import assert_names
 from support.launch import tiny_run_args
-from support.runs import train_losses, train_lrs
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.precision import detect_precision

@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 from harness.launch import STAGE_RUN_ITERS, run_deepspeed, run_python, train_fails
+from helpers.logged import train_lrs, val_losses
 from helpers.messages import assert_names
 from support.launch import REPO, TRAIN, tiny_run_args
-from support.runs import train_lrs, val_losses
 
 from gpt_ds.base import cli
 from gpt_ds.commands.pick_preset import PickPresetOptions

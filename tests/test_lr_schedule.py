@@ -14,9 +14,9 @@ import pytest
 import torch
 from deepspeed.runtime import lr_schedules
 from harness.launch import run_python
+from helpers.logged import train_losses, train_lrs
 from helpers.machine import here
 from support.launch import TRAIN, tiny_run_args
-from support.runs import train_losses, train_lrs
 
 from gpt_ds.dsconfig.optimization import with_schedule, wsd_factor
 from gpt_ds.dsconfig.resolve import resolve_ds_config

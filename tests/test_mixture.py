@@ -11,9 +11,9 @@ import shutil
 import numpy as np
 import pytest
 from harness.launch import run_deepspeed, run_python, train_fails
+from helpers.logged import train_losses
 from helpers.messages import assert_names
 from support.launch import REPO, tiny_run_args
-from support.runs import train_losses
 
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.data.mixture import DataMix, DataSpec, MixtureWindows, data_specs

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from harness.launch import run_deepspeed
 from helpers.compared_runs import BASE, ITERS, assert_losses_close
+from helpers.logged import train_losses, val_losses
 from support.launch import tiny_run_args
-from support.runs import train_losses, val_losses
 
 from gpt_ds.base.errors import DataError
 from gpt_ds.data.tokenizer import DEFAULT_CORPUS, VOCAB_SIZE, get_encoding

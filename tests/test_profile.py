@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 from harness.launch import STAGE_RUN_ITERS, run_deepspeed
+from helpers.logged import train_losses
 from support.launch import tiny_run_args
-from support.runs import train_losses
 
 from gpt_ds.observe.profile import (
     PROFILE_STEPS,

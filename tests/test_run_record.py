@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from harness.launch import STAGE_RUN_ITERS, run_deepspeed, run_python
+from helpers.logged import train_losses
 from helpers.messages import assert_names
 from support.launch import REPO, tiny_run_args
-from support.runs import train_losses
 
 from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.integrity import UnverifiedCheckpoint, unverified_reason

@@ -16,8 +16,9 @@ import torch
 from harness.launch import run_deepspeed, run_python
 from helpers.files import HELLASWAG_MINI
 from helpers.hellaswag import reference_scores
+from helpers.logged import train_losses
 from support.launch import REPO, tiny_run_args
-from support.runs import consolidated_model, train_losses
+from support.runs import consolidated_model
 
 from gpt_ds.observe.metrics_file import read_metrics
 

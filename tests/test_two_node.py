@@ -23,10 +23,10 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers.compared_runs import BASE, ITERS, WHOLE, compared_run
+from helpers.logged import train_losses, val_losses
 from helpers.shared import shared_folder
 from helpers.sshd import probe_records, sshd_fixture
 from support.launch import REPO, VENV_BIN, free_port, launch_env, remove_shm_buffers, tiny_run_args
-from support.runs import train_losses, val_losses
 
 from gpt_ds.observe.metrics_file import read_metrics
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 from harness.launch import run_deepspeed
 from support.launch import tiny_run_args
-from support.runs import consolidated_model, train_losses
+from support.runs import consolidated_model
 
+from helpers.logged import train_losses
 from helpers.shared import made_once
 
 ITERS = 4
