@@ -43,7 +43,7 @@ def full_logits(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
     return F.cross_entropy(logits, labels)
 
 
-def rows_for(dtype: torch.dtype) -> dict[str, Callable]:
+def rows_for() -> dict[str, Callable]:
     """Row name -> loss function of (hidden, weight, labels)."""
     rows = chunk_rows(PADDED, "cpu")
     return {
@@ -98,7 +98,7 @@ def table(tokens: int, width: int, dtype: torch.dtype, reps: int) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     base = None
-    for name, fn in rows_for(dtype).items():
+    for name, fn in rows_for().items():
         seconds = timed(fn, hidden, weight, labels, reps)
         base = base or seconds
         gh, gw = gradients(fn, hidden, weight, labels)

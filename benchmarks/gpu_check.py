@@ -170,7 +170,7 @@ def step_commands(args: argparse.Namespace, env: dict, out: Path, work: Path) ->
         "profile": profile_command(args, data, precision, micro, work / "profile"),
         "gpu tests": [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
         "quick start": quickstart_command(python, data, work / "quickstart", args.on_cpu),
-        "gpt2-xl zero3": xl_command(python, data, work / "gpt2-xl"),
+        "gpt2-xl zero3": xl_command(data, work / "gpt2-xl"),
     }
     return {name: cmd for name, cmd in commands.items() if name not in args.skip}
 
@@ -200,7 +200,7 @@ def quickstart_command(python: str, data: Path, out_dir: Path, on_cpu: bool) -> 
     return cmd + (tiny if on_cpu else [])
 
 
-def xl_command(python: str, data: Path, out_dir: Path) -> list[str]:
+def xl_command(data: Path, out_dir: Path) -> list[str]:
     """gpt2-xl under ZeRO-3 on one GPU: start-up and three steps, no eval, no checkpoint."""
     xl = [*deepspeed_command(), "--num_gpus", "1", str(TRAIN)]
     xl += ["--model", "gpt2-xl", "--deepspeed_config", "zero3", "--block_size", "1024"]

@@ -142,9 +142,9 @@ def gpu_columns(setup: Setup) -> dict[str, Callable[[str, float], str]]:
     )
     if peak:
         per_token = flops_per_token(setup.shape)
-        columns["MFU"] = lambda row, tps: f"{tps * per_token / (peak * setup.args.ranks):.1%}"
+        columns["MFU"] = lambda _row, tps: f"{tps * per_token / (peak * setup.args.ranks):.1%}"
     if torch.cuda.is_available():
-        columns["predicted peak"] = lambda row, tps: predicted_peak(setup, row)
+        columns["predicted peak"] = lambda row, _tps: predicted_peak(setup, row)
     return columns
 
 

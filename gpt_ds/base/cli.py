@@ -120,7 +120,7 @@ class _Repeatable(argparse.Action):
     """Values of every use of the flag, in order. The first use replaces the default (a flag
     file's value, `--config`) rather than adding to it, as any other flag does."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(self, _parser, namespace, values, _option_string=None):
         current = getattr(namespace, self.dest, None)
         kept = [] if current is None or current is self.default else list(current)
         setattr(namespace, self.dest, kept + list(values))

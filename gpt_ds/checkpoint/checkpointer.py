@@ -245,7 +245,7 @@ class Checkpointer:
             if rank == 0 and staging.exists():
                 shutil.rmtree(staging)  # leftover of a save that was killed
             dist.barrier()
-            self._write_rank_files(engine, train_windows, manifest, staging)
+            self._write_rank_files(engine, train_windows, staging)
             digests = self._own_digests(staging, engine.zero_optimization_stage())
             merged = {k: v for part in dist.gather_objects(digests) for k, v in part.items()}
             if rank == 0:
@@ -258,7 +258,7 @@ class Checkpointer:
             raise self._save_failed(tag, rank, exc) from exc
         return self.out_dir / tag
 
-    def _write_rank_files(self, engine, train_windows, manifest: Manifest, staging: Path) -> None:
+    def _write_rank_files(self, engine, train_windows, staging: Path) -> None:
         # made here, not by DeepSpeed: its makedirs logs a failure and carries on, and the
         # error a user then sees is torch's "Parent directory ... does not exist"
         staging.mkdir(parents=True, exist_ok=True)

@@ -60,11 +60,10 @@ from gpt_ds.run.plan import RunPlan
 CHECKED = ("0.19.8",)  # DeepSpeed versions whose stage_1_and_2.py these replacements match
 
 
-def mask_invalid_norm(norm: torch.Tensor, device: Any = None, val: float = -1.0) -> None:
+def mask_invalid_norm(norm: torch.Tensor, **_deepspeed_keywords: Any) -> None:
     """`mask_nan_or_inf_with_val_inplace` without a sync: an inf or NaN norm becomes -1, the
-    sentinel DeepSpeed later reads as invalid. Its signature, so it can stand in for it; as in
-    DeepSpeed 0.19.8's own, `val` and `device` are unused (it always writes -1, on the norm's
-    device), which test_ds_syncs compares value for value."""
+    sentinel DeepSpeed later reads as invalid. It stands in for DeepSpeed's, whose callers pass
+    `device=`; as DeepSpeed's own does, it writes -1 on the norm's device whatever they pass."""
     norm.masked_fill_(norm.isnan() | norm.isinf(), -1.0)
 
 
