@@ -9,7 +9,9 @@ with one gradient product per chunk (how it ran before blocks, and how it runs o
 
 Each row: the median wall time of `--reps` timed calls after one untimed one, of the loss and
 its backward for `--tokens` hidden states of a width against GPT-2's padded head (50304 rows,
-the real 50257 predicted); and the relative error of both gradients against the full logits
+the real 50257 predicted); the passes it and its backward make over the logits and the
+operators that touch them (support/logit_traffic.py: what sets a GPU's time for the loss, which
+runs at memory speed there); and the relative error of both gradients against the full logits
 path in fp64 (the reference). One thread, as each of the throughput table's 2 ranks has one
 core: the ratios are what a rank sees, not the machine.
 """
@@ -28,6 +30,7 @@ sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from support.logit_traffic import logit_traffic  # noqa: E402
 
 from gpt_ds.model.chunked_loss import chunk_rows, chunked_cross_entropy  # noqa: E402
 from gpt_ds.model.logits_loss import deepspeed_cross_entropy  # noqa: E402
@@ -94,17 +97,19 @@ def table(tokens: int, width: int, dtype: torch.dtype, reps: int) -> str:
     lines = [
         f"**{tokens} tokens x width {width}, {str(dtype).removeprefix('torch.')}**",
         "",
-        "| loss | ms (median) | × full logits | hidden grad error | weight grad error |",
-        "|---|---:|---:|---:|---:|",
+        "| loss | ms (median) | × full logits | logit passes | launches on logits "
+        "| hidden grad error | weight grad error |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     base = None
     for name, fn in rows_for().items():
         seconds = timed(fn, hidden, weight, labels, reps)
         base = base or seconds
+        traffic = logit_traffic(fn, hidden, weight, labels, VOCAB)
         gh, gw = gradients(fn, hidden, weight, labels)
         lines.append(
-            f"| {name} | {seconds * 1e3:,.1f} | {base / seconds:.2f} | "
-            f"{rel_err(gh, want[0]):.1e} | {rel_err(gw, want[1]):.1e} |"
+            f"| {name} | {seconds * 1e3:,.1f} | {base / seconds:.2f} | {traffic.passes:.1f} | "
+            f"{traffic.launches} | {rel_err(gh, want[0]):.1e} | {rel_err(gw, want[1]):.1e} |"
         )
     return "\n".join(lines)
 
@@ -123,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         for dtype in args.dtypes
         for width in args.widths
     ]
-    print(f"\none thread, {args.reps} timed calls each, errors against fp64 full logits\n")
+    print(f"\none thread, {args.reps} timed calls each, errors against fp64 full logits")
+    print("logit passes: bytes the loss and its backward stream over logits-shaped tensors, in")
+    print("passes over the fp32 logits (support/logit_traffic.py); launches: operators on them\n")
     print("\n\n".join(tables))
     return 0
 

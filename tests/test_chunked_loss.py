@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from helpers.compared_runs import ITERS, WHOLE
 from helpers.logged import train_losses, val_losses
+from support.logit_traffic import logit_traffic
 from torch._dynamo.utils import counters
 
 from gpt_ds.data.tokenizer import get_encoding
@@ -218,6 +219,35 @@ def test_backward_keeps_two_gradients_instead_of_the_logits():
     chunked = saved_bytes(lambda: chunked_cross_entropy(hidden, weight, y, rows=16))
     assert full_bytes >= tokens * vocab * 4
     assert chunked <= (tokens * width + vocab * width) * 4 + 4096
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_chunked_loss_walks_its_logits_fewer_times_than_the_full_path(dtype):
+    """Counted as a GPU runs it (one gradient product per chunk, `--loss chunked`'s GPU
+    blocks): forward and backward stream the logits at most 8 fp32-equivalent passes (the
+    head's product, the upcast, a max, the softmax, the scaled cast back, the two gradient
+    products reading it), where torch's cross-entropy on the whole logits makes 12 (fp32) or
+    13.5 (bf16), and no log-sum-exp, exp or scaling pass of its own."""
+    g = torch.Generator().manual_seed(0)
+    vocab, padded = 50257, 50304
+    hidden = torch.randn(96, 24, generator=g).to(dtype).requires_grad_()  # 24 wide, 32 a chunk
+    weight = (torch.randn(padded, 24, generator=g) * 0.02).to(dtype).requires_grad_()
+    labels = torch.randint(0, vocab, (96,), generator=g)
+    labels[5] = IGNORE_INDEX
+
+    def full(h, w, y):
+        logits = (h @ w.t()).float()
+        logits[:, vocab:] = float("-inf")
+        return F.cross_entropy(logits, y)
+
+    def chunked(h, w, y):
+        return chunked_cross_entropy(h, w, y, rows=32, tokens=vocab, block=32)
+
+    theirs = logit_traffic(full, hidden, weight, labels, vocab)
+    ours = logit_traffic(chunked, hidden, weight, labels, vocab)
+    assert theirs.passes == (13.5 if dtype == torch.bfloat16 else 12.0), theirs.ops
+    assert 4.0 <= ours.passes <= 8.0 < theirs.passes, ours.ops
+    assert not {"logsumexp", "exp", "exp_", "sub_", "mul_"} & set(ours.ops), ours.ops
 
 
 @pytest.mark.slow

@@ -39,9 +39,10 @@ GRAD_BLOCK_BYTES = {"cpu": 64 << 20, "gpu": 0}
 # launches a GPU step makes can be counted on a CPU (benchmarks/host_overhead.py).
 CHUNKS_ENV = "GPT_DS_LOSS_CHUNKS"
 # Benchmarks only, until a GPU table decides (benchmarks/throughput.py's "gpt_ds fused loss
-# chunks" row): "1" compiles each chunk's body (upcast, log-sum-exp, softmax minus one-hot,
-# cast back) with inductor, which reads the chunk's logits a few times where the eager body
-# makes ~15 fp32 passes over them. One graph per chunk length: the last, shorter chunk adds one.
+# chunks" row): "1" compiles each chunk's body (upcast, max, softmax minus one-hot, scaled cast
+# back) with inductor, which may read the chunk's logits fewer times than the eager body's
+# 6.5 fp32-equivalent passes (benchmarks/chunked_loss.py counts them). One graph per chunk
+# length: the last, shorter chunk adds one.
 FUSED_ENV = "GPT_DS_LOSS_FUSED"
 
 
@@ -134,11 +135,23 @@ def _chunk_loss_and_grad(
     tokens: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss sum, d(mean loss)/d(logits) in the hidden states' dtype) of one chunk of fp32
-    logits: the body `chunk_body` may compile."""
+    logits: the body `chunk_body` may compile. A GPU runs it at memory speed, so it makes
+    few passes over the logits: after the upcast a max, the softmax (read and written) and the
+    scaled cast back, 4.5 fp32-equivalent passes, where log-sum-exp (six kernels), exp,
+    scaling and the cast apart made 13.5."""
     logits = _chunk_logits(hidden, weight, tokens)
-    loss_sum, lse, counted, safe = _loss_sum(logits, labels)
-    grad = _scaled_logit_grad(logits, lse, safe, counted.float() / count)
-    return loss_sum, grad.to(hidden.dtype)
+    counted, safe = _targets(labels)
+    picked = logits.gather(1, safe[:, None]).squeeze(1)
+    peak, top = logits.max(dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    del logits  # one fp32 chunk besides the softmax
+    # log-sum-exp from the row's largest probability, 1 / sum(exp(logit - peak)): never tiny
+    lse = peak - probs.gather(1, top[:, None]).squeeze(1).log()
+    loss_sum = ((lse - picked) * counted).sum()
+    probs[torch.arange(len(safe), device=safe.device), safe] -= 1.0
+    grad = torch.empty(probs.shape, dtype=hidden.dtype, device=hidden.device)
+    torch.mul(probs, (counted.float() / count)[:, None], out=grad)  # scaled as it is cast
+    return loss_sum, grad
 
 
 _compiled_chunk_body = None
