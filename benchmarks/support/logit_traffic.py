@@ -5,8 +5,8 @@ A GPU runs the LM loss at memory speed: each pass over the fp32 logits (tokens x
 bytes) costs about the same, so the passes a loss makes decide its time there. Counted per
 dispatched operator, as a GPU launches it: a dense one reads each logits-shaped input and writes
 each logits-shaped output in full; an indexing one (gather, index, index_put, scatter, the NLL
-loss's forward) touches a row's worth, and counts as a launch with no pass. An operator torch
-runs as one dispatch but a GPU as several (`logsumexp`: max, subtract, exp, sum) counts once.
+loss's forward) touches a row's worth, and counts as a launch with no pass. `logsumexp`, one
+dispatch but four kernels (max, subtract, exp, sum), counts as its four.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch._refs  # AS_ON_A_GPU
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -24,6 +25,9 @@ SPARSE = frozenset(
      "scatter_add", "scatter_add_", "index_select", "nll_loss_forward", "nll_loss2d_forward")
 )  # fmt: skip
 
+# operators torch dispatches as one but runs as several kernels, by what they run (ATen's
+# logsumexp_out_impl: max, subtract, exp, sum, on every device)
+AS_ON_A_GPU = {torch.ops.aten.logsumexp.default: torch._refs.logsumexp}
 # allocations: no kernel, nothing streamed
 ALLOCATIONS = frozenset(
     ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros_like")
@@ -68,6 +72,9 @@ class _Counter(TorchDispatchMode):
         ]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in AS_ON_A_GPU:  # counted as the kernels it runs as there
+            with self:
+                return AS_ON_A_GPU[func](*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if func.is_view or func.overloadpacket.__name__ in ALLOCATIONS:
             return out
