@@ -95,25 +95,22 @@ def _targets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return counted, torch.where(counted, labels, 0)
 
 
-def _loss_sum(
-    logits: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sum of -log p(label) over the chunk's counted tokens, log-sum-exp per row, which rows
-    count, their labels with ignored ones at 0)."""
-    counted, safe = _targets(labels)
-    lse = torch.logsumexp(logits, dim=-1)
-    target = logits.gather(1, safe[:, None]).squeeze(1)
-    return ((lse - target) * counted).sum(), lse, counted, safe
+def _loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of -log p(label) over the chunk's counted tokens: torch's cross-entropy, one fused
+    log-softmax (a read and a write of the chunk, where log-sum-exp's max, subtract, exp and
+    sum make four passes)."""
+    return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-def _scaled_logit_grad(
-    logits: torch.Tensor, lse: torch.Tensor, safe: torch.Tensor, weights: torch.Tensor
+def _logit_grad(
+    probs: torch.Tensor, safe: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """(softmax - one-hot) x per-row `weights`, in place over the fp32 `logits`: the gradient
-    of the loss with respect to the chunk's logits."""
-    grad = logits.sub_(lse[:, None]).exp_()
-    grad[torch.arange(len(safe), device=safe.device), safe] -= 1.0
-    return grad.mul_(weights[:, None])
+    """(softmax - one-hot) x per-row `weights` in `dtype`: the gradient with respect to the
+    chunk's logits, from their fp32 softmax `probs` (changed in place), scaled as it is cast
+    back (one read of the fp32 chunk, one 16-bit write)."""
+    probs[torch.arange(len(safe), device=safe.device), safe] -= 1.0
+    grad = torch.empty(probs.shape, dtype=dtype, device=probs.device)
+    return torch.mul(probs, weights[:, None], out=grad)
 
 
 def _add_head_grads(
@@ -149,10 +146,7 @@ def _chunk_loss_and_grad(
     # log-sum-exp from the row's largest probability, 1 / sum(exp(logit - peak)): never tiny
     lse = peak - probs.gather(1, top[:, None]).squeeze(1).log()
     loss_sum = ((lse - picked) * counted).sum()
-    probs[torch.arange(len(safe), device=safe.device), safe] -= 1.0
-    grad = torch.empty(probs.shape, dtype=hidden.dtype, device=hidden.device)
-    torch.mul(probs, (counted.float() / count)[:, None], out=grad)  # scaled as it is cast
-    return loss_sum, grad
+    return loss_sum, _logit_grad(probs, safe, counted.float() / count, hidden.dtype)
 
 
 _compiled_chunk_body = None
@@ -222,40 +216,36 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 class _LinearCrossEntropyRecompute(torch.autograd.Function):
-    """fp16: forward keeps each row's log-sum-exp; backward recomputes the chunks' logits and
-    scales their gradient by `grad_output` (the loss scale) in fp32, before the cast to fp16."""
+    """fp16: forward keeps no logits; backward recomputes each chunk's and scales its gradient
+    by `grad_output` (the loss scale) in fp32, before the cast to fp16."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, rows: int, tokens: int | None):
         count = _counted_tokens(labels)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        lses = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], rows):
             logits = _chunk_logits(hidden[start : start + rows], weight, tokens)
-            loss_sum, lses[start : start + rows], _, _ = _loss_sum(
-                logits, labels[start : start + rows]
-            )
-            total += loss_sum
+            total += _loss_sum(logits, labels[start : start + rows])
             del logits
-        ctx.save_for_backward(hidden, weight, labels, lses, count)
+        ctx.save_for_backward(hidden, weight, labels, count)
         ctx.rows, ctx.tokens = rows, tokens
         return total / count
 
     @staticmethod
     def backward(ctx, grad_output):
-        hidden, weight, labels, lses, count = ctx.saved_tensors
+        hidden, weight, labels, count = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         scale = grad_output.float() / count
         for start in range(0, hidden.shape[0], ctx.rows):
             end = start + ctx.rows
             h, y = hidden[start:end], labels[start:end]
-            logits = _chunk_logits(h, weight, ctx.tokens)
+            probs = torch.softmax(_chunk_logits(h, weight, ctx.tokens), dim=-1)
             counted, safe = _targets(y)
-            grad = _scaled_logit_grad(logits, lses[start:end], safe, counted.float() * scale)
-            grad = grad.to(hidden.dtype)
+            grad = _logit_grad(probs, safe, counted.float() * scale, hidden.dtype)
+            del probs
             grad_hidden[start:end] = _add_head_grads(grad, h, weight, grad_weight)
-            del logits, grad
+            del grad
         return grad_hidden, grad_weight.to(weight.dtype), None, None, None
 
 
@@ -301,9 +291,5 @@ def _chunked_cross_entropy(
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], rows):
         logits = _chunk_logits(hidden[start : start + rows], weight, tokens)
-        # torch's fused log-softmax: one read and one write of the chunk, where log-sum-exp's
-        # max, subtract, exp and sum take four passes
-        total += F.cross_entropy(
-            logits, labels[start : start + rows], ignore_index=IGNORE_INDEX, reduction="sum"
-        )
+        total += _loss_sum(logits, labels[start : start + rows])
     return total / count
