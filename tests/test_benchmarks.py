@@ -106,14 +106,17 @@ def test_chunked_loss_benchmark_prints_every_row_with_its_errors(tmp_path):
         [str(REPO / "benchmarks" / "chunked_loss.py"), "--tokens", "48", "--widths", "32",
          "--reps", "1"]
     )  # fmt: skip
-    rows = re.findall(r"^\| (.+?) \| ([\d,.]+) \| ([\d.]+) \| ([\d.e+-]+) \| ([\d.e+-]+) \|$",
-                      proc.stdout, re.M)  # fmt: skip
+    rows = re.findall(r"^\| (.+?) \| ([\d,.]+) \| ([\d.]+) \| ([\d.]+) \| (\d+) "
+                      r"\| ([\d.e+-]+) \| ([\d.e+-]+) \|$", proc.stdout, re.M)  # fmt: skip
     names = [r[0] for r in rows]
     kinds = ["full logits (HF)", "DeepSpeed's chunked cross-entropy"]
     assert names == [*kinds, "chunked, one product per chunk", "chunked (default)"] * 2
-    for _, ms, ratio, err_hidden, err_weight in rows:
+    for _, ms, ratio, passes, launches, err_hidden, err_weight in rows:
         assert float(ms.replace(",", "")) > 0 and float(ratio) > 0
+        assert float(passes) > 0 and int(launches) > 0
         assert float(err_hidden) < 2e-2 and float(err_weight) < 2e-2  # bf16 and fp32 alike
+    for table in (rows[:4], rows[4:]):  # the chunked loss streams its logits less than HF's
+        assert float(table[3][3]) < float(table[0][3]), proc.stdout
 
 
 def test_host_overhead_benchmark_prints_its_table(shakespeare_dir, tmp_path):
