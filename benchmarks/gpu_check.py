@@ -43,7 +43,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 
-from support.launch import TRAIN, deepspeed_command, launch_env, planned  # noqa: E402
+from support.launch import (  # noqa: E402
+    TRAIN,
+    deepspeed_launch,
+    free_port,
+    launch_env,
+    planned,
+)
 from support.workspace import prepare_shakespeare  # noqa: E402
 
 THROUGHPUT_ROWS = [  # measured in this order, so a step cut short keeps the first ones
@@ -202,11 +208,11 @@ def quickstart_command(python: str, data: Path, out_dir: Path, on_cpu: bool) -> 
 
 def xl_command(data: Path, out_dir: Path) -> list[str]:
     """gpt2-xl under ZeRO-3 on one GPU: start-up and three steps, no eval, no checkpoint."""
-    xl = [*deepspeed_command(), "--num_gpus", "1", str(TRAIN)]
-    xl += ["--model", "gpt2-xl", "--deepspeed_config", "zero3", "--block_size", "1024"]
+    xl = ["--model", "gpt2-xl", "--deepspeed_config", "zero3", "--block_size", "1024"]
     xl += ["--micro_batch_size", "1", "--grad_accum", "1", "--max_iters", "3"]
     xl += ["--eval_interval", "0", "--no_checkpoint", "--log_interval", "1"]
-    return xl + ["--data_dir", str(data), "--out_dir", str(out_dir)]
+    xl += ["--data_dir", str(data), "--out_dir", str(out_dir)]
+    return deepspeed_launch(1, free_port(), TRAIN, xl, [])
 
 
 def profile_command(
@@ -214,11 +220,11 @@ def profile_command(
 ) -> list[str]:
     """gpt_ds with its defaults at the throughput rows' size, `--profile`d: steps 3-5 after the
     compile, no log line among them; rank 0 prints kernel launches and host syncs by phase."""
-    cmd = [*deepspeed_command(), "--num_gpus", "1", str(TRAIN), "--model", args.model]
-    cmd += ["--block_size", str(args.block_size), "--micro_batch_size", str(micro)]
-    cmd += ["--grad_accum", "1", "--precision", precision, "--max_iters", "8"]
-    cmd += ["--log_interval", "10", "--eval_interval", "0", "--no_checkpoint", "--profile"]
-    return cmd + ["--data_dir", str(data), "--out_dir", str(out_dir)]
+    run = ["--model", args.model, "--block_size", str(args.block_size)]
+    run += ["--micro_batch_size", str(micro), "--grad_accum", "1", "--precision", precision]
+    run += ["--max_iters", "8", "--log_interval", "10", "--eval_interval", "0"]
+    run += ["--no_checkpoint", "--profile", "--data_dir", str(data), "--out_dir", str(out_dir)]
+    return deepspeed_launch(1, free_port(), TRAIN, run, [])  # a free port: not alone on a box
 
 
 def throughput_command(
