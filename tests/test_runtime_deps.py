@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from harness.launch import run_checked
 from helpers.venvs import declared_floors, pip_installs, venv_copy
-from support.launch import REPO, TRAIN, launch_env, tiny_run_args
+from support.launch import REPO, TRAIN, free_port, launch_env, tiny_run_args
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,8 @@ def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
         """One rank: `deepspeed --num_gpus 1` once (the runner at its floor), else plain
         `python train.py` (the same trainer, without the runner's and launcher's start-up)."""
         args = tiny_run_args(data, out, eval_interval=0, eval_iters=1, warmup_iters=0, **flags)
-        start = [deepspeed, "--num_gpus", "1"] if runner else [python]
+        port = ["--master_port", str(free_port())]  # not 29500: another test's launch may hold it
+        start = [deepspeed, "--num_gpus", "1", *port] if runner else [python]
         return run_checked([*start, TRAIN, *args], REPO, env)
 
     def zero1_through_the_runner() -> None:
