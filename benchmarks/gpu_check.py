@@ -201,6 +201,7 @@ def quickstart_command(python: str, data: Path, out_dir: Path, on_cpu: bool) -> 
     """The README's quick start (launchers/quickstart.sh: train, export, sample) on one GPU,
     with this interpreter and the prepared data; on CPU ranks (this script's test) 4 steps."""
     settings = [f"GPT_DS_PYTHON={python}", f"GPT_DS_DATA={data}", f"GPT_DS_OUT={out_dir}"]
+    settings.append(f"MASTER_PORT={free_port()}")  # not 29500: another launch may hold it
     cmd = ["env", *settings, "GPT_DS_NUM_GPUS=1", "bash", str(REPO / "launchers" / "quickstart.sh")]
     tiny = ["--max_iters", "4", "--warmup_iters", "1", "--eval_interval", "2", "--eval_iters", "1"]
     return cmd + (tiny if on_cpu else [])
