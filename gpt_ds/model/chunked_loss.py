@@ -102,6 +102,18 @@ def _loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
+def _summed_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, rows: int, tokens: int | None
+) -> torch.Tensor:
+    """The loss summed over every counted token, one chunk of `rows` fp32 logits at a time:
+    the forward of a loss that keeps no logit gradients (no grad, or fp16's recompute)."""
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start in range(0, hidden.shape[0], rows):
+        logits = _chunk_logits(hidden[start : start + rows], weight, tokens)
+        total += _loss_sum(logits, labels[start : start + rows])
+    return total
+
+
 def _logit_grad(
     probs: torch.Tensor, safe: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -222,14 +234,9 @@ class _LinearCrossEntropyRecompute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, rows: int, tokens: int | None):
         count = _counted_tokens(labels)
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, hidden.shape[0], rows):
-            logits = _chunk_logits(hidden[start : start + rows], weight, tokens)
-            total += _loss_sum(logits, labels[start : start + rows])
-            del logits
         ctx.save_for_backward(hidden, weight, labels, count)
         ctx.rows, ctx.tokens = rows, tokens
-        return total / count
+        return _summed_loss(hidden, weight, labels, rows, tokens) / count
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -287,9 +294,4 @@ def _chunked_cross_entropy(
             return _LinearCrossEntropyRecompute.apply(hidden, weight, labels, rows, tokens)
         block = block or block_rows(weight.shape[0], rows, hidden.dtype, device)
         return _LinearCrossEntropy.apply(hidden, weight, labels, _Chunking(rows, block, tokens))
-    count = _counted_tokens(labels)
-    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-    for start in range(0, hidden.shape[0], rows):
-        logits = _chunk_logits(hidden[start : start + rows], weight, tokens)
-        total += _loss_sum(logits, labels[start : start + rows])
-    return total / count
+    return _summed_loss(hidden, weight, labels, rows, tokens) / _counted_tokens(labels)
