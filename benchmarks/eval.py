@@ -61,8 +61,8 @@ def eval_worker(result: Path, run_args: list[str]) -> None:
     import torch
 
     from gpt_ds.base import dist
+    from gpt_ds.launch.machine import probe_machine
     from gpt_ds.run.config import parse_args
-    from gpt_ds.run.machine import probe_machine
     from gpt_ds.run.plan import plan_run
     from gpt_ds.training.trainer import Trainer
 

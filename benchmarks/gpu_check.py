@@ -86,7 +86,8 @@ def version(package: str) -> str | None:
 def optimizer_choice() -> str:
     """The Adam(W) a run would build here, as the trainer says it; what is missing, if the
     choice cannot be made (it asks DeepSpeed's op builders)."""
-    from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
+    from gpt_ds.dsconfig.optimization import choose_adam
+    from gpt_ds.launch.machine import adam_facts
 
     try:
         return choose_adam(adam_facts(offload=False), {}).note
@@ -98,9 +99,8 @@ def environment() -> dict:
     """What decides how gpt_ds runs here, as the trainer itself decides it."""
     import torch
 
-    from gpt_ds.dsconfig.optimizer import nvcc_version
-    from gpt_ds.dsconfig.precision import detect_precision
     from gpt_ds.launch.gpu_support import GpuFacts, gather_facts, gpu_problems
+    from gpt_ds.launch.machine import detect_precision, nvcc_version
 
     facts = GpuFacts.from_probe(gather_facts())
     precision, why = detect_precision()

@@ -2,7 +2,7 @@
 
 Also `deepspeed --module gpt_ds.train ...`, `python gpt_ds/train.py ...` (one process) and
 `python -m gpt_ds.train ...`. The flow reads top to bottom: parse -> the machine's facts, probed
-once (run/machine.py) -> `plan_run` (run/plan.py: the run config, the model's shape, the
+once (launch/machine.py) -> `plan_run` (run/plan.py: the run config, the model's shape, the
 DeepSpeed config, the data, the checkpoint to resume and every choice left to gpt_ds: all
 resolved and checked before any model exists, identically on every rank) -> process group ->
 `Trainer(plan).run()` (training/trainer.py: model -> engine -> loop -> eval -> checkpoint).
@@ -28,8 +28,8 @@ warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", Fu
 # (E402 is off for this file in pyproject.toml: these imports must follow the sys.path fix)
 from gpt_ds.base import dist, logs
 from gpt_ds.base.errors import GptDsError
+from gpt_ds.launch.machine import probe_machine
 from gpt_ds.run.config import parse_args
-from gpt_ds.run.machine import probe_machine
 from gpt_ds.run.plan import claim_out_dir, finished, plan_run, verify_resume
 from gpt_ds.training.trainer import Trainer
 

@@ -18,10 +18,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from gpt_ds.base.phases import PHASE_PREFIX
 from gpt_ds.dsconfig.settings import MachineFacts
+from gpt_ds.launch.machine import compile_blocker
 from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, build_model, padded_vocab
 from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.run.config import parse_args
-from gpt_ds.run.machine import compile_blocker
 from gpt_ds.run.plan import run_choices
 from gpt_ds.training.engine_build import compile_engine
 
@@ -130,7 +130,7 @@ def test_auto_compiles_on_gpus_only():
     cpu = dataclasses.replace(gpu, device_type="cpu", compile_blocker="no C++ compiler")
 
     def compiles(mode: str, machine: MachineFacts) -> tuple[bool, str | None]:
-        choices = run_choices(parse_args(["--compile", mode]), machine, shape, {}, {})
+        choices = run_choices(parse_args(["--compile", mode]), machine, shape, {})
         return choices.compile, choices.compile_blocker
 
     assert [compiles("auto", m)[0] for m in (gpu, cpu)] == [True, False]

@@ -26,11 +26,11 @@ from helpers.messages import assert_names, names
 from support.launch import TRAIN, tiny_run_args
 
 from gpt_ds.base.errors import CheckpointError, ConfigError
+from gpt_ds.launch.machine import probe_machine
 from gpt_ds.observe.metrics_file import read_attempts, read_metrics
 from gpt_ds.observe.plot import load_run
 from gpt_ds.run.config import parse_args, validate
 from gpt_ds.run.lock import LOCK_NAME, LockOwner, OutDirHasRun
-from gpt_ds.run.machine import probe_machine
 from gpt_ds.run.plan import plan_run, verify_resume
 
 

@@ -80,7 +80,7 @@ from gpt_ds.data.tokens import GlobalSplit, TrainWindows
 from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.settings import RunSettings
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
-from gpt_ds.run.machine import probe_machine
+from gpt_ds.launch.machine import probe_machine
 
 
 class Model(torch.nn.Module):

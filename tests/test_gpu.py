@@ -20,7 +20,8 @@ from helpers.logged import train_losses
 from support.launch import REPO, launch_env, tiny_run_args
 from support.runs import consolidated_model
 
-from gpt_ds.dsconfig.optimizer import adam_facts, choose_adam
+from gpt_ds.dsconfig.optimization import choose_adam
+from gpt_ds.launch.machine import adam_facts
 from gpt_ds.observe.profile import SYNC_DEBUG_ENV
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

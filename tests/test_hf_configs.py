@@ -22,10 +22,10 @@ from helpers.messages import assert_names
 from support.launch import tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.dsconfig.precision import detect_precision
 from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.schema import PRESETS, load_ds_config, preset_path
 from gpt_ds.dsconfig.settings import ADAMW_DEFAULTS, RunSettings
+from gpt_ds.launch.machine import detect_precision
 from gpt_ds.model.gpt2 import resolve_shape
 
 DATA = Path(__file__).parent / "data"

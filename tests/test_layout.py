@@ -1,11 +1,12 @@
 """The design rules of the package, checked: subpackages in layers (none imports a layer above
 it), few modules beside them, an import graph without cycles in which nothing imports the entry
 point, a short path from `main()` to the optimizer step (few modules imported, few files run),
-a layout table (docs/development.md) that lists every subpackage, and tests that import
-helpers, never other tests. Beside the package: every module of benchmarks/support/ serves a
-benchmark, the benchmarks launch through the `deepspeed` command a user runs (never the suite's
-lean launcher or zygote, tests/harness/), and the tests through that harness. Modules and
-functions have no line caps: a module is as long as its one job."""
+a resolution that asks the machine nothing (launch/machine.py asks, once), a layout table
+(docs/development.md) that lists every subpackage, and tests that import helpers, never other
+tests. Beside the package: every module of benchmarks/support/ serves a benchmark, the
+benchmarks launch through the `deepspeed` command a user runs (never the suite's lean launcher
+or zygote, tests/harness/), and the tests through that harness. Modules and functions have no
+line caps: a module is as long as its one job."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ MAX_TOP_LEVEL_MODULES = 4
 # `import gpt_ds.train` and a one-process run up to its first optimizer step: what only some
 # runs need (the picker, plots, profiling, compile, ZeRO-3's build...) is imported where used
 MAX_TRAIN_IMPORTS = 50
-MAX_STEP_PATH_FILES = 36  # counted in every thread the run starts
+MAX_STEP_PATH_FILES = 35  # counted in every thread the run starts
 
 
 def modules() -> dict[str, Path]:
@@ -93,6 +94,48 @@ def test_import_graph_has_no_cycles_and_nothing_imports_the_entry_point():
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+# What only launch/machine.py may ask: the environment, the accelerator, the CPU, the network
+# and the installed compilers. The resolution (dsconfig/, run/plan.py) reads its facts instead.
+PROBING_MODULES = {"subprocess", "netrc", "socket", "platform", "deepspeed.accelerator"}
+PROBING_ATTRIBUTES = {"environ", "getenv", "cuda", "which"}  # os.environ, torch.cuda, ...
+PROBING_NAMES = {"get_accelerator", "print"}
+RESOLUTION = ["gpt_ds/dsconfig/*.py", "gpt_ds/run/plan.py"]
+
+
+def machine_questions(path: Path) -> list[str]:
+    """`file:line what` for each probing module `path` imports, attribute or name it uses, and
+    each /proc path it spells."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        hits: list[str] = []
+        if isinstance(node, ast.Import):
+            hits = [a.name for a in node.names if a.name in PROBING_MODULES]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(a.name for a in node.names)]
+            hits = [n for n in names if n in PROBING_MODULES | PROBING_NAMES]
+        elif isinstance(node, ast.Attribute) and node.attr in PROBING_ATTRIBUTES:
+            hits = ["." + node.attr]
+        elif isinstance(node, ast.Name) and node.id in PROBING_NAMES:
+            hits = [node.id]
+        elif isinstance(node, ast.Constant) and str(node.value).startswith("/proc/"):
+            hits = [node.value]
+        found += [f"{path.relative_to(REPO)}:{node.lineno} {hit}" for hit in hits]
+    return found
+
+
+def test_the_resolution_asks_the_machine_nothing():
+    """Point 1 of the house's rules: the machine is probed once, by launch/machine.py, into
+    `MachineFacts`; the config's resolution and the plan read those facts and ask nothing
+    themselves (no environment, accelerator, /proc, network, compiler or printing), so they
+    resolve the same for a machine they are not on (the picker's)."""
+    files = sorted(p for pattern in RESOLUTION for p in REPO.glob(pattern))
+    assert len(files) > 5, files
+    found = [hit for path in files for hit in machine_questions(path)]
+    assert found == [], "\n".join(found)
+    probe = machine_questions(PACKAGE / "launch" / "machine.py")
+    assert any("get_accelerator" in hit for hit in probe), probe  # the check can see a probe
 
 
 def test_no_module_imports_a_test_module():

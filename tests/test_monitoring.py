@@ -202,8 +202,8 @@ def test_wandb_online_without_a_key_is_refused_before_training(shakespeare_dir, 
     assert not (tmp_path / "run").exists()
 
 
-def test_a_configs_own_monitor_sections_write_under_the_out_dir(monkeypatch):
-    from gpt_ds.dsconfig.monitors import describe, with_monitor_flags
+def test_a_configs_own_monitor_sections_write_under_the_out_dir():
+    from gpt_ds.dsconfig.monitors import describe, wandb_mode, with_monitor_flags
 
     user = {"tensorboard": {"enabled": True, "output_path": ""}, "csv_monitor": {"enabled": False}}
     cfg = with_monitor_flags(
@@ -215,11 +215,10 @@ def test_a_configs_own_monitor_sections_write_under_the_out_dir(monkeypatch):
         "job_name": "run",
     }
     assert cfg["csv_monitor"] == {"enabled": False} and user["tensorboard"]["output_path"] == ""
-    monkeypatch.setenv("WANDB_MODE", "offline")
     flags = with_monitor_flags(
         {}, "out/run", tensorboard_dir="tb", csv_dir="csv", wandb_project="p", run_name="r1"
     )
-    assert describe(flags) == [
+    assert describe(flags, wandb_mode({"WANDB_MODE": "dryrun"})) == [
         "monitor: tensorboard -> tb/r1",
         "monitor: W&B project p (offline mode)",
         "monitor: csv_monitor -> csv/r1",

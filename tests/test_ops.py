@@ -10,7 +10,8 @@ import pytest
 from harness.launch import run_checked, run_deepspeed
 from support.launch import REPO, launch_env, tiny_run_args
 
-from gpt_ds.dsconfig.optimizer import AdamFacts, adam_facts
+from gpt_ds.dsconfig.settings import AdamFacts
+from gpt_ds.launch.machine import adam_facts
 from gpt_ds.launch.ops import CPU_ADAM, FUSED_ADAM, wanted_ops
 
 

@@ -1,7 +1,7 @@
-"""gpt_ds.dsconfig.optimizer: every branch of the Adam(W) choice, for machines this one is not
-(GPUs with and without nvcc, a prebuilt op, ROCm), and the chosen params through DeepSpeed's
-own optimizer construction (`DeepSpeedEngine.get_optimizer_configuration`), so that what is
-chosen is what DeepSpeed builds and no key it passes on makes torch raise."""
+"""gpt_ds.dsconfig.optimization.choose_adam: every branch of the Adam(W) choice, for machines
+this one is not (GPUs with and without nvcc, a prebuilt op, ROCm), and the chosen params
+through DeepSpeed's own optimizer construction (`DeepSpeedEngine.get_optimizer_configuration`),
+so that what is chosen is what DeepSpeed builds and no key it passes on makes torch raise."""
 
 from __future__ import annotations
 
@@ -13,16 +13,11 @@ from helpers.machine import here
 from helpers.messages import assert_names
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.dsconfig.optimizer import (
-    AdamFacts,
-    adam_facts,
-    arch_list_blocker,
-    choose_adam,
-    same_minor,
-)
+from gpt_ds.dsconfig.optimization import choose_adam
 from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
-from gpt_ds.dsconfig.settings import RunSettings
+from gpt_ds.dsconfig.settings import AdamFacts, RunSettings
+from gpt_ds.launch.machine import adam_facts, arch_list_blocker, same_minor
 
 CUDA_NO_NVCC = AdamFacts(accelerator="cuda")
 ADAMW = {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}

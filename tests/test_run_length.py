@@ -15,9 +15,9 @@ from support.launch import TRAIN, tiny_run_args
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.resolve import run_length
 from gpt_ds.dsconfig.settings import DEFAULT_MAX_ITERS
+from gpt_ds.launch.machine import probe_machine
 from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.run.config import length_problems, parse_args
-from gpt_ds.run.machine import probe_machine
 
 
 def cfg(*flags: str):

@@ -26,8 +26,8 @@ from gpt_ds.base.errors import CheckpointError
 from gpt_ds.checkpoint.integrity import UnverifiedCheckpoint, unverified_reason
 from gpt_ds.checkpoint.manifest import FORMAT_VERSION, MANIFEST, Manifest
 from gpt_ds.checkpoint.tags import CheckpointRef
+from gpt_ds.launch.machine import probe_machine
 from gpt_ds.run.config import parse_args
-from gpt_ds.run.machine import probe_machine
 from gpt_ds.run.plan import check_zero_stage, plan_run
 
 # the manifest's fields in the order gpt_ds came to write them: an earlier layout is today's

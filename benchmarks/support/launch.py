@@ -68,8 +68,8 @@ def planned(argv: list[str], ranks: int):
     import dataclasses
     import tempfile
 
+    from gpt_ds.launch.machine import probe_machine
     from gpt_ds.run.config import parse_args
-    from gpt_ds.run.machine import probe_machine
     from gpt_ds.run.plan import plan_run
 
     with tempfile.TemporaryDirectory() as scratch, _launcher_env(ranks):

@@ -11,8 +11,6 @@ resolution reports it with every other problem). The trainer then writes through
 from __future__ import annotations
 
 import copy
-import netrc
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -64,8 +62,8 @@ def enabled(ds_config: dict, section: str) -> bool:
     return bool(ds_config.get(section, {}).get("enabled"))
 
 
-def describe(ds_config: dict) -> list[str]:
-    """One log line per enabled monitor: where its events go."""
+def describe(ds_config: dict, mode: str) -> list[str]:
+    """One log line per enabled monitor: where its events go (W&B's in its `mode`)."""
     lines = []
     for section in SECTIONS:
         sec = ds_config.get(section, {})
@@ -73,23 +71,24 @@ def describe(ds_config: dict) -> list[str]:
             continue
         if section == "wandb":
             project = sec.get("project", "deepspeed")
-            lines.append(f"monitor: W&B project {project} ({wandb_mode()} mode)")
+            lines.append(f"monitor: W&B project {project} ({mode} mode)")
         else:
             where = Path(sec.get("output_path", "")) / sec.get("job_name", "")
             lines.append(f"monitor: {section} -> {where}")
     return lines
 
 
-def wandb_mode() -> str:
-    """online, offline or disabled, as W&B itself reads it (WANDB_MODE)."""
-    mode = os.environ.get("WANDB_MODE", "online").lower()
+def wandb_mode(environ: Mapping[str, str]) -> str:
+    """online, offline or disabled, as W&B itself reads it (WANDB_MODE) from `environ`."""
+    mode = environ.get("WANDB_MODE", "online").lower()
     return "offline" if mode == "dryrun" else mode
 
 
-def check_monitors(ds_config: dict) -> None:
-    """Refuse a W&B run that would fail at its first log: online without an API key. (A
-    monitor's missing package is resolve.py's to report, with DeepSpeed's other checks.)"""
-    if enabled(ds_config, "wandb") and wandb_mode() == "online" and not _wandb_key():
+def check_monitors(ds_config: dict, mode: str, has_key: bool) -> None:
+    """Refuse a W&B run that would fail at its first log: online (`mode`) without an API key
+    (`has_key`: the machine's, probed once). (A monitor's missing package is resolve.py's to
+    report, with DeepSpeed's other checks.)"""
+    if enabled(ds_config, "wandb") and mode == "online" and not has_key:
         raise ConfigError(
             [
                 "wandb: online mode needs an API key: run `wandb login`, set WANDB_API_KEY, "
@@ -97,16 +96,6 @@ def check_monitors(ds_config: dict) -> None:
             ],
             source="monitors",
         )
-
-
-def _wandb_key() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1]
-    try:
-        return netrc.netrc().authenticators(host.split("/")[0]) is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
 
 
 def wandb_env(ds_config: dict, out_dir: str, run_name: str, environ) -> dict[str, str]:

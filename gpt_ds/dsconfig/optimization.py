@@ -1,7 +1,17 @@
 """The optimizer and LR-schedule sections of a DeepSpeed config: `--lr_schedule`'s sections,
 gpt_ds's warmup-stable-decay schedule, and every "auto" of both sections filled from the run
-(`fill_optimizer_and_schedule`, called by resolve.py). Which Adam implementation the machine
-runs is optimizer.py's decision; Muon's own settings are muon.py's.
+(`fill_optimizer_and_schedule`, called by resolve.py), and which Adam(W) implementation the
+machine runs (`choose_adam`); Muon's own settings are muon.py's.
+
+Which Adam: no run may die in `deepspeed.initialize` for want of a compiler. DeepSpeed turns
+`"optimizer": {"type": "AdamW"}` into its FusedAdam on a CUDA/ROCm accelerator, and FusedAdam
+JIT-compiles its kernel at construction unless DeepSpeed was installed with the op prebuilt
+(deepspeed/runtime/engine.py `get_optimizer_configuration`, ops/op_builder/builder.py `load` /
+`jit_load`). PyPI's torch wheels carry the CUDA runtime but no `nvcc`, so on a plain pip install
+that build fails on every rank, after the model is built. `"torch_adam": true` makes DeepSpeed
+use `torch.optim.AdamW`, whose `fused=True` kernel ships inside torch (CUDA, ROCm).
+`choose_adam` is a pure function of what the machine has (`AdamFacts`, asked by
+launch/machine.py `adam_facts`), tested for every branch.
 
 `--lr_schedule`: the learning-rate schedule by name, each with a linear warmup. cosine, linear
 and constant are DeepSpeed's own schedulers (WarmupCosineLR, WarmupDecayLR, WarmupLR): the flag
@@ -20,8 +30,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from gpt_ds.dsconfig.optimizer import choose_adam
-from gpt_ds.dsconfig.settings import ADAMW_DEFAULTS, MUON_KEYS, Resolution, is_set
+from gpt_ds.dsconfig.settings import ADAMW_DEFAULTS, MUON_KEYS, AdamFacts, Resolution, is_set
 
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
 _DEEPSPEED_SECTIONS = {
@@ -301,7 +310,7 @@ def steps_fused_adam(ds_config: dict) -> bool:
 
 def _choose_adam(r: Resolution, optimizer: dict) -> None:
     """Adam(W), and Muon's AdamW half, become the implementation this machine can run
-    (optimizer.py): torch's AdamW on CPU ranks and on GPUs where DeepSpeed's FusedAdam could
+    (`choose_adam`): torch's AdamW on CPU ranks and on GPUs where DeepSpeed's FusedAdam could
     not be built."""
     kind = optimizer_type(optimizer)
     if kind not in ("adam", "adamw", "muon"):
@@ -313,3 +322,88 @@ def _choose_adam(r: Resolution, optimizer: dict) -> None:
     half = "optimizer: Muon's AdamW half: " if kind == "muon" else "optimizer: "
     r.notes.append(half + choice.note.removeprefix("optimizer: "))
     r.problems.extend(choice.problems)
+
+
+# ----------------------------------------------------------------------------------------------
+# Which Adam(W) implementation
+
+# Keys only DeepSpeed's FusedAdam takes: torch's AdamW raises TypeError on them.
+FUSED_ADAM_ONLY_KEYS = ("bias_correction", "set_grad_none")
+
+
+@dataclasses.dataclass
+class AdamChoice:
+    """The optimizer params to set (DeepSpeed config `optimizer.params`) and the report line."""
+
+    params: dict = dataclasses.field(default_factory=dict)
+    note: str = ""
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+
+def choose_adam(facts: AdamFacts, params: dict) -> AdamChoice:
+    """The Adam(W) implementation for a config whose optimizer params are `params` (not
+    modified). A `torch_adam` the user set is kept; otherwise:
+
+    - optimizer offload: DeepSpeed's CPU Adam (a C++ build, no GPU compiler needed);
+    - CPU ranks: torch's AdamW (exact resume: it recomputes bias corrections; no compile);
+    - GPU with the op prebuilt, or a compiler that can build it: DeepSpeed's FusedAdam;
+    - GPU without either: torch's AdamW(fused=True), which needs no build;
+    - other accelerators: DeepSpeed's own choice.
+    """
+    return _checked(_implementation(facts, params), params)
+
+
+def _implementation(facts: AdamFacts, params: dict) -> AdamChoice:
+    """`choose_adam`'s pick and its report line, before the params are checked."""
+    if "torch_adam" in params:
+        impl = "torch AdamW" if params["torch_adam"] else "DeepSpeed's Adam"
+        return AdamChoice(note=f"optimizer: {impl} (torch_adam set in the config)")
+    if facts.offload:
+        return AdamChoice(note="optimizer: DeepSpeed CPU Adam (optimizer offload)")
+    if facts.accelerator == "cpu":
+        why = "CPU ranks: exact resume, no kernel compile"
+        return AdamChoice({"torch_adam": True}, f"optimizer: torch AdamW ({why})")
+    if facts.accelerator != "cuda":
+        return AdamChoice(note=f"optimizer: DeepSpeed's choice on {facts.accelerator}")
+    kind = "ROCm" if facts.rocm else "CUDA"
+    if facts.prebuilt:
+        return AdamChoice(note="optimizer: DeepSpeed FusedAdam (op prebuilt)")
+    if facts.compiler and not facts.compiler_blocked:
+        note = f"optimizer: DeepSpeed FusedAdam (JIT-built once with {facts.compiler})"
+        return AdamChoice(note=note)
+    compiler = "hipcc" if facts.rocm else "nvcc matching torch's CUDA version"
+    why = f"no {compiler} to build DeepSpeed's FusedAdam on this {kind} machine"
+    why += ", and it is not prebuilt"
+    choice = {"torch_adam": True}
+    if params.get("foreach") is None:  # torch refuses fused together with foreach
+        choice["fused"] = True
+    fused = "fused=True, " if "fused" in choice else ""
+    note = f"optimizer: torch AdamW ({fused}built into torch): {facts.compiler_blocked or why}"
+    return AdamChoice(choice, note)
+
+
+def _checked(choice: AdamChoice, params: dict) -> AdamChoice:
+    """Problems of the final params: keys the chosen implementation would raise TypeError on,
+    and torch's refusal of `fused` together with `foreach`."""
+    final = {**params, **choice.params}
+    torch_adam = bool(final.get("torch_adam"))
+    where = "optimizer.params"
+    if torch_adam:
+        for key in FUSED_ADAM_ONLY_KEYS:
+            if key in final:
+                choice.problems.append(
+                    f"{where}.{key} is an option of DeepSpeed's FusedAdam, which this run does "
+                    f"not use ({choice.note.removeprefix('optimizer: ')}): torch's AdamW "
+                    f"always bias-corrects and sets gradients to None; remove {key}"
+                )
+        if final.get("fused") and final.get("foreach"):
+            choice.problems.append(
+                f"{where}.fused and {where}.foreach are both true: torch's AdamW takes one; "
+                "remove foreach (fused is faster on GPUs)"
+            )
+    elif "fused" in final:
+        choice.problems.append(
+            f'{where}.fused is an option of torch\'s AdamW: add "torch_adam": true to use it, '
+            "or remove fused"
+        )
+    return choice

@@ -4,45 +4,16 @@ accelerator, or /proc/cpuinfo on CPU); and whether the precision a run asks for 
 at all (fp16 on CPU ranks never does, nor on a GPU of compute capability below 7.0).
 
 The decisions are pure functions of what the hardware reports (`gpu_precision`,
-`cpu_precision`, `fp16_refusal`), so they are tested for GPUs this machine does not have; the
-functions without arguments ask the accelerator DeepSpeed will use."""
+`cpu_precision`, `fp16_refusal`), so they are tested for GPUs this machine does not have;
+launch/machine.py asks the accelerator DeepSpeed will use and hands its answers to them."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 
 
 # ----------------------------------------------------------------------------------------------
-# Precision detection
-
-
-def detect_precision() -> tuple[str, str]:
-    """The training precision this machine runs best, and why: ("bf16"|"fp16"|"fp32", reason).
-
-    Uses the accelerator DeepSpeed will use: CUDA/ROCm by `gpu_precision`, CPU by
-    `cpu_precision`, any other by what the accelerator says it supports.
-    """
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    device = accelerator.device_name()
-    if device == "cpu":
-        return cpu_precision(_read_cpuinfo())
-    if device == "cuda":
-        import torch
-
-        kind = "ROCm" if torch.version.hip else "CUDA"
-        # The default including_emulation=True answers True on a V100, where bf16 is emulated.
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-        capability = torch.cuda.get_device_capability()
-        return gpu_precision(kind, torch.cuda.get_device_name(), native, capability)
-    if accelerator.is_bf16_supported():
-        return "bf16", f"{device} accelerator supports bf16"
-    if accelerator.is_fp16_supported():
-        return "fp16", f"{device} accelerator supports fp16 but not bf16"
-    return "fp32", f"{device} accelerator supports neither bf16 nor fp16"
+# The precision a machine trains best
 
 
 def gpu_precision(
@@ -62,13 +33,6 @@ def gpu_precision(
             "DeepSpeed refuses fp16 below compute capability 7.0"
         )
     return "fp16", f"{kind} device {name} has no native bf16; fp16 with dynamic loss scaling"
-
-
-def _read_cpuinfo() -> str | None:
-    try:
-        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
 
 
 def cpu_precision(cpuinfo: str | None) -> tuple[str, str]:
@@ -154,20 +118,3 @@ def cpu_fp16_refusal(fp16_supported: bool, cpuinfo: str | None) -> str:
         "fp16 arithmetic)"
     )
     return f"fp16 with dynamic loss scaling needs a GPU: {here}; use {instead}"
-
-
-def precision_refusal(precision: str) -> str | None:
-    """`fp16_refusal` for this machine's accelerator when `precision` is fp16, else None."""
-    if precision != "fp16":
-        return None
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    device = accelerator.device_name()
-    cpuinfo = _read_cpuinfo() if device == "cpu" else None
-    capability = None
-    if device == "cuda":
-        import torch
-
-        capability = torch.cuda.get_device_capability()
-    return fp16_refusal(device, bool(accelerator.is_fp16_supported()), cpuinfo, capability)

@@ -1,7 +1,7 @@
 """What resolving a DeepSpeed config reads besides the config: the run's settings
 (`RunSettings`: command-line values, their one check and their documented defaults; the length
 flags, `LengthFlags`) and the facts of the machine it runs on (`MachineFacts`: probed once at
-start by run/machine.py `probe_machine`, or stated for a cluster the picker plans for).
+start by launch/machine.py `probe_machine`, or stated for a cluster the picker plans for).
 dsconfig/resolve.py turns config + settings + facts into the resolved config, probing nothing;
 the sections it hands to other modules (dsconfig/optimization.py, muon.py) see the resolution
 as a `Resolution`."""
@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard
 
-from gpt_ds.dsconfig.optimizer import AdamFacts
 from gpt_ds.dsconfig.precision import PRECISIONS
 
 # How long a run trains: `--max_iters`, or a budget in tokens (`--max_tokens`) or in passes over
@@ -183,6 +182,20 @@ FLAG_DEFAULTS = {
 }
 
 
+@dataclass(frozen=True)
+class AdamFacts:
+    """What decides the implementation: the accelerator DeepSpeed uses ("cpu", "cuda", ...),
+    whether it is ROCm, whether DeepSpeed's fused_adam op is prebuilt for it, and whether a
+    compiler able to JIT-build it is present (`compiler` says which, for the report)."""
+
+    accelerator: str
+    rocm: bool = False
+    prebuilt: bool = False
+    compiler: str | None = None
+    offload: bool = False
+    compiler_blocked: str | None = None  # why the compiler cannot build the op, if it cannot
+
+
 @dataclass(frozen=True, kw_only=True)
 class MachineFacts:
     """The machine's side of every decision a run makes before it builds a model."""
@@ -210,6 +223,13 @@ class MachineFacts:
     host_ram: tuple[int, str] | None = None
     """The node's RAM as the kernel enforces it (bytes, and what sets it: the machine or its
     cgroup limit); None where the plan is for another machine."""
+    wandb_mode: str = "online"
+    """W&B's mode as it will read it from WANDB_MODE: online, offline or disabled."""
+    wandb_key: bool = False
+    """Whether W&B finds an API key (WANDB_API_KEY, or ~/.netrc's entry for its host)."""
+    environ_names: frozenset[str] = frozenset()
+    """The environment variables set at start, by name (never their values): the run's own
+    settings for W&B and NCCL leave a user's alone."""
 
     @classmethod
     def gpu_cluster(cls, world_size: int, gpus_per_node: int, precision: str) -> MachineFacts:

@@ -15,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from gpt_ds.dsconfig.optimizer import AdamFacts, adam_facts, choose_adam
+from gpt_ds.dsconfig.optimization import choose_adam
+from gpt_ds.dsconfig.settings import AdamFacts
+from gpt_ds.launch.machine import adam_facts
 
 # (DeepSpeed op builder, what uses it)
 CPU_ADAM = ("CPUAdamBuilder", "the offload presets")

@@ -5,13 +5,12 @@ the trainer would otherwise make as it goes), and the two steps that need the pr
 (`claim_out_dir`, `verify_resume`). gpt_ds/train.py runs them in order.
 
 `plan_run` reads the run's flags, its files (data, checkpoints) and the machine's facts
-(run/machine.py probed them once); it probes and prints nothing: the lines it has for the log
+(launch/machine.py probed them once); it probes and prints nothing: the lines it has for the log
 are the plan's `notes`."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -146,7 +145,7 @@ def plan_run(
     hellaswag = hellaswag_rows(cfg.hellaswag, shape.block_size, notes) if cfg.hellaswag else None
     ds = deepspeed_config(cfg, shape, data.train_tokens, machine)
     assert ds.length is not None  # run_settings gives the run's length flags
-    check_monitors(ds.config)
+    check_monitors(ds.config, machine.wandb_mode, machine.wandb_key)
     check_not_past(resume, ds.length)
     notes += check_resume(resume, cfg, ds, shape, data.identity(), machine.world_size)
     estimate = check_machine(cfg, ds, shape, machine)
@@ -164,7 +163,7 @@ def plan_run(
         init=init,
         estimate=estimate,
         machine=machine,
-        choices=run_choices(cfg, machine, shape, ds.config, os.environ),
+        choices=run_choices(cfg, machine, shape, ds.config),
         notes=tuple(notes),
         hellaswag=hellaswag,
     )
@@ -186,11 +185,11 @@ class RunChoices:
 
 
 def run_choices(
-    cfg: RunConfig, machine: MachineFacts, shape: ModelShape, ds_config: dict, environ
+    cfg: RunConfig, machine: MachineFacts, shape: ModelShape, ds_config: dict
 ) -> RunChoices:
     """Every "auto" and unset default of the flags below, from the run and the machine (the MFU
-    peak: the table's, for the GPU the machine names); the
-    variables `environ` (the process's environment) does not set already."""
+    peak: the table's, for the GPU the machine names); the environment variables the run sets,
+    where the machine's environment does not set them already."""
     compile_ = cfg.compile == "on" or (cfg.compile == "auto" and machine.device_type == "cuda")
     release = wants_release(cfg.release_host_memory, machine.device_type, shape.num_params())
     if cfg.save_interval is None:
@@ -198,9 +197,9 @@ def run_choices(
     else:
         interval, flag = cfg.save_interval, "--save_interval"
     peak_flops, peak_line = resolve_peak(cfg.peak_tflops, machine.device_name)
-    environment = wandb_env(ds_config, cfg.out_dir, cfg.run_name, environ)
+    environment = wandb_env(ds_config, cfg.out_dir, cfg.run_name, machine.environ_names)
     if cfg.hang_timeout != 0:  # NCCL's flight recorder dumps next to the hang's stacks
-        environment.update(flight_recorder_env(cfg.out_dir, environ))
+        environment.update(flight_recorder_env(cfg.out_dir, machine.environ_names))
     return RunChoices(
         peak_flops=peak_flops,
         peak_line=peak_line,

@@ -378,7 +378,7 @@ class Trainer:
         cfg, ds = self.cfg, self.plan.ds
         peak = self.plan.choices.peak_flops
         dist.print0(self.plan.choices.peak_line)
-        for line in describe(ds.config):
+        for line in describe(ds.config, self.plan.machine.wandb_mode):
             dist.print0(line)
         if EngineMonitor.wanted(ds.config):
             self.monitor = EngineMonitor(self.engine)

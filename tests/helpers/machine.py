@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 from gpt_ds.dsconfig.settings import MachineFacts
-from gpt_ds.run.machine import probe_machine
+from gpt_ds.launch.machine import probe_machine
 
 
 @functools.cache

@@ -20,9 +20,9 @@ def main() -> None:
     argv = [a for a in argv if not a.startswith("--local_rank")]
 
     from gpt_ds.base import dist
+    from gpt_ds.launch.machine import probe_machine
     from gpt_ds.model.gpt2 import lm_loss
     from gpt_ds.run.config import parse_args
-    from gpt_ds.run.machine import probe_machine
     from gpt_ds.run.plan import plan_run
     from gpt_ds.training.engine_build import build_engine, optimizer_groups
 

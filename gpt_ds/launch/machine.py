@@ -1,0 +1,234 @@
+"""This machine's `MachineFacts` (dsconfig/settings.py), probed once at start: everything the
+run's resolution needs to know about the hardware, the installed packages and the environment,
+asked here and nowhere else. The rules that turn what is asked into a fact (which precision a
+GPU computes natively, which Adam a machine can build) are pure functions in dsconfig/, tested
+for machines this one is not; this module only asks."""
+
+from __future__ import annotations
+
+import importlib.util
+import netrc
+import os
+import re
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+from gpt_ds.base import dist
+from gpt_ds.dsconfig.monitors import MONITOR_PACKAGES, wandb_mode
+from gpt_ds.dsconfig.precision import cpu_precision, fp16_refusal, gpu_precision
+from gpt_ds.dsconfig.settings import AdamFacts, MachineFacts
+from gpt_ds.launch.gpu_support import check_gpu_support
+from gpt_ds.memory.guard import node_ram
+
+ARCH_LIST = "TORCH_CUDA_ARCH_LIST"
+
+
+def probe_machine(local_rank: int = 0) -> MachineFacts:
+    """This machine's facts, asked once at start (before the process group exists: the world
+    is the launcher's). A ConfigError first where this rank's GPU cannot be used or DeepSpeed
+    would silently train on CPU (launch/gpu_support.py), before any other question to it."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    check_gpu_support(local_rank)  # first: a GPU unseen, or DS_ACCELERATOR set wrong
+    ram = node_ram()
+
+    device_type = get_accelerator().device_name()
+    on_gpu = device_type == "cuda" and torch.cuda.is_available()
+    return MachineFacts(
+        device_type=device_type,
+        world_size=dist.world_size(),  # the launcher's (or mpirun's, srun's: adopted)
+        ranks_per_node=dist.local_world_size(),
+        precision=detect_precision(),
+        fp16_refusal=precision_refusal("fp16"),
+        adam=adam_facts(offload=False),
+        monitors={pkg: _installed_version(pkg) for pkg, _ in MONITOR_PACKAGES.values()},
+        device_bytes=torch.cuda.get_device_properties(local_rank).total_memory if on_gpu else None,
+        device_name=torch.cuda.get_device_name(local_rank) if on_gpu else None,
+        compile_blocker=compile_blocker(device_type),
+        host_ram=(ram.bytes, ram.limit),
+        wandb_mode=wandb_mode(os.environ),
+        wandb_key=_wandb_key(),
+        environ_names=frozenset(os.environ),
+    )
+
+
+def _installed_version(package: str) -> str | None:
+    if importlib.util.find_spec(package) is None:
+        return None
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:  # importable but not pip-installed: no version
+        return "0"
+
+
+def _wandb_key() -> bool:
+    """Whether W&B finds an API key: WANDB_API_KEY, or ~/.netrc's entry for its host."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1]
+    try:
+        return netrc.netrc().authenticators(host.split("/")[0]) is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def compile_blocker(device_type: str) -> str | None:
+    """Why torch.compile's default backend (inductor) cannot run on `device_type`, or None."""
+    import torch
+
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile"
+    if device_type == "cpu":
+        cxx = os.environ.get("CXX") or "c++"
+        if shutil.which(cxx) is None and shutil.which("g++") is None:
+            return f"inductor needs a C++ compiler on CPU and {cxx!r}/'g++' is not on PATH"
+        return None
+    if device_type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            return "inductor needs Triton on the GPU and it is not installed"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Precision: what the accelerator DeepSpeed will use computes (dsconfig/precision.py decides)
+
+
+def detect_precision() -> tuple[str, str]:
+    """The training precision this machine runs best, and why: ("bf16"|"fp16"|"fp32", reason).
+
+    Uses the accelerator DeepSpeed will use: CUDA/ROCm by `gpu_precision`, CPU by
+    `cpu_precision`, any other by what the accelerator says it supports.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    device = accelerator.device_name()
+    if device == "cpu":
+        return cpu_precision(_read_cpuinfo())
+    if device == "cuda":
+        import torch
+
+        kind = "ROCm" if torch.version.hip else "CUDA"
+        # The default including_emulation=True answers True on a V100, where bf16 is emulated.
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        capability = torch.cuda.get_device_capability()
+        return gpu_precision(kind, torch.cuda.get_device_name(), native, capability)
+    if accelerator.is_bf16_supported():
+        return "bf16", f"{device} accelerator supports bf16"
+    if accelerator.is_fp16_supported():
+        return "fp16", f"{device} accelerator supports fp16 but not bf16"
+    return "fp32", f"{device} accelerator supports neither bf16 nor fp16"
+
+
+def _read_cpuinfo() -> str | None:
+    try:
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def precision_refusal(precision: str) -> str | None:
+    """`fp16_refusal` for this machine's accelerator when `precision` is fp16, else None."""
+    if precision != "fp16":
+        return None
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    device = accelerator.device_name()
+    cpuinfo = _read_cpuinfo() if device == "cpu" else None
+    capability = None
+    if device == "cuda":
+        import torch
+
+        capability = torch.cuda.get_device_capability()
+    return fp16_refusal(device, bool(accelerator.is_fp16_supported()), cpuinfo, capability)
+
+
+# ----------------------------------------------------------------------------------------------
+# Adam: what the installed torch and DeepSpeed can run (dsconfig/optimization.py chooses)
+
+
+def adam_facts(offload: bool) -> AdamFacts:
+    """`AdamFacts` of this machine, as DeepSpeed and torch will see them."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    name = accelerator.device_name()
+    if name != "cuda":
+        return AdamFacts(accelerator=name, offload=offload)
+    rocm = torch.version.hip is not None
+    return AdamFacts(
+        accelerator=name,
+        rocm=rocm,
+        prebuilt=_fused_adam_prebuilt(accelerator._name),
+        compiler=_rocm_compiler() if rocm else _cuda_compiler(torch.version.cuda),
+        offload=offload,
+        compiler_blocked=None if rocm else arch_list_blocker(os.environ.get(ARCH_LIST, "")),
+    )
+
+
+def arch_list_blocker(arch_list: str) -> str | None:
+    """Why DeepSpeed 0.19's JIT builder would fail on this TORCH_CUDA_ARCH_LIST, or None.
+
+    Its `compute_capability_args` sorts the entries by `int()` of each dotted part, so torch's
+    arch-specific entries ("9.0a", "10.0f", which Hopper/Blackwell builds set) raise ValueError
+    when FusedAdam is constructed, after the model is built. torch's fused AdamW needs no build.
+    """
+    for entry in arch_list.replace(" ", ";").split(";"):
+        entry = entry.strip()
+        if entry and not re.fullmatch(r"\d+\.\d+(\+PTX)?", entry):
+            return (
+                f"{ARCH_LIST}={arch_list!r} has {entry!r}, which DeepSpeed's JIT builder cannot "
+                f"parse (FusedAdam would fail to build; unset it or write {entry.rstrip('af')!r} "
+                "to build it)"
+            )
+    return None
+
+
+def _fused_adam_prebuilt(accelerator_name: str) -> bool:
+    """DeepSpeed's own test before it imports a prebuilt op (op_builder/builder.py `load`)."""
+    from deepspeed.git_version_info import accelerator_name as built_for
+    from deepspeed.git_version_info import installed_ops
+
+    return bool(installed_ops.get("fused_adam")) and built_for == accelerator_name
+
+
+def _cuda_compiler(torch_cuda: str | None) -> str | None:
+    """ "nvcc 12.4" when CUDA_HOME's nvcc and ninja can build for this torch (same CUDA major
+    and minor version as torch was built with), else None."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if not CUDA_HOME or not torch_cuda or shutil.which("ninja") is None:
+        return None
+    version = nvcc_version(Path(CUDA_HOME) / "bin" / "nvcc")
+    return f"nvcc {version}" if version and same_minor(version, torch_cuda) else None
+
+
+def _rocm_compiler() -> str | None:
+    from torch.utils.cpp_extension import ROCM_HOME
+
+    if not ROCM_HOME or shutil.which("ninja") is None:
+        return None
+    hipcc = Path(ROCM_HOME) / "bin" / "hipcc"
+    return "hipcc" if hipcc.exists() else None
+
+
+def nvcc_version(nvcc: Path) -> str | None:
+    """ "12.4" from `nvcc --version` ("Cuda compilation tools, release 12.4, V12.4.131")."""
+    try:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"release (\d+\.\d+)", out.stdout)
+    return match.group(1) if match else None
+
+
+def same_minor(a: str, b: str) -> bool:
+    """ "12.4" and "12.4.1" agree; "12.4" and "13.0" do not."""
+    return a.split(".")[:2] == b.split(".")[:2]
