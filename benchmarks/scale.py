@@ -34,8 +34,9 @@ from support.peak_rss import run_watched  # noqa: E402
 from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
 from gpt_ds.base.errors import ConfigError  # noqa: E402
+from gpt_ds.launch.machine import device_memory_bytes, node_ram, node_ram_bytes  # noqa: E402
 from gpt_ds.memory.estimate import GiB, MemoryEstimate  # noqa: E402
-from gpt_ds.memory.guard import check_fits, device_memory_bytes, node_ram_bytes  # noqa: E402
+from gpt_ds.memory.guard import check_fits  # noqa: E402
 from gpt_ds.model.gpt2 import MODEL_PRESETS  # noqa: E402
 from gpt_ds.observe.metrics_file import read_metrics  # noqa: E402
 
@@ -86,7 +87,7 @@ def predict(argv: list[str], ranks: int) -> Prediction:
     est = planned(argv, ranks).estimate
     try:
         # the host: this machine's RAM, or its cgroup limit where lower (as the trainer checks)
-        check_fits(est, ranks_per_node=ranks, device_bytes=device_memory_bytes(0))
+        check_fits(est, ranks_per_node=ranks, device_bytes=device_memory_bytes(0), ram=node_ram())
     except ConfigError:
         return Prediction(est, "refuses")
     return Prediction(est, "fits")

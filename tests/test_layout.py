@@ -97,11 +97,11 @@ def test_import_graph_has_no_cycles_and_nothing_imports_the_entry_point():
 
 
 # What only launch/machine.py may ask: the environment, the accelerator, the CPU, the network
-# and the installed compilers. The resolution (dsconfig/, run/plan.py) reads its facts instead.
+# and the installed compilers. The resolution (dsconfig/, memory/, run/plan.py) reads its facts.
 PROBING_MODULES = {"subprocess", "netrc", "socket", "platform", "deepspeed.accelerator"}
 PROBING_ATTRIBUTES = {"environ", "getenv", "cuda", "which"}  # os.environ, torch.cuda, ...
 PROBING_NAMES = {"get_accelerator", "print"}
-RESOLUTION = ["gpt_ds/dsconfig/*.py", "gpt_ds/run/plan.py"]
+RESOLUTION = ["gpt_ds/dsconfig/*.py", "gpt_ds/memory/*.py", "gpt_ds/run/plan.py"]
 
 
 def machine_questions(path: Path) -> list[str]:
@@ -126,8 +126,8 @@ def machine_questions(path: Path) -> list[str]:
 
 
 def test_the_resolution_asks_the_machine_nothing():
-    """Point 1 of the house's rules: the machine is probed once, by launch/machine.py, into
-    `MachineFacts`; the config's resolution and the plan read those facts and ask nothing
+    """The machine is probed once, by launch/machine.py, into `MachineFacts`; the config's
+    resolution, the memory model and guard, and the plan read those facts and ask nothing
     themselves (no environment, accelerator, /proc, network, compiler or printing), so they
     resolve the same for a machine they are not on (the picker's)."""
     files = sorted(p for pattern in RESOLUTION for p in REPO.glob(pattern))

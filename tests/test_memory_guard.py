@@ -10,13 +10,11 @@ from helpers.messages import assert_names, names
 from support.launch import tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
+from gpt_ds.launch.machine import cgroup_memory_limit, node_ram, node_ram_bytes
 from gpt_ds.memory.estimate import CPU_BYTES_PER_RANK, DeepSpeedRun, GiB, estimate_run
 from gpt_ds.memory.guard import (
     CPU_ONLY_RANK_BYTES,
-    cgroup_memory_limit,
     check_fits,
-    node_ram,
-    node_ram_bytes,
     ram_limit,
     usable_cpu_memory,
     usable_gpu_memory,

@@ -20,9 +20,11 @@ from gpt_ds.dsconfig.monitors import MONITOR_PACKAGES, wandb_mode
 from gpt_ds.dsconfig.precision import cpu_precision, fp16_refusal, gpu_precision
 from gpt_ds.dsconfig.settings import AdamFacts, MachineFacts
 from gpt_ds.launch.gpu_support import check_gpu_support
-from gpt_ds.memory.guard import node_ram
+from gpt_ds.memory.guard import NodeRam, ram_limit
 
 ARCH_LIST = "TORCH_CUDA_ARCH_LIST"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+NO_CGROUP_LIMIT = 1 << 62  # cgroup v1 writes "no limit" as LONG_MAX rounded down to a page
 
 
 def probe_machine(local_rank: int = 0) -> MachineFacts:
@@ -45,7 +47,7 @@ def probe_machine(local_rank: int = 0) -> MachineFacts:
         fp16_refusal=precision_refusal("fp16"),
         adam=adam_facts(offload=False),
         monitors={pkg: _installed_version(pkg) for pkg, _ in MONITOR_PACKAGES.values()},
-        device_bytes=torch.cuda.get_device_properties(local_rank).total_memory if on_gpu else None,
+        device_bytes=device_memory_bytes(local_rank) if on_gpu else None,
         device_name=torch.cuda.get_device_name(local_rank) if on_gpu else None,
         compile_blocker=compile_blocker(device_type),
         host_ram=(ram.bytes, ram.limit),
@@ -232,3 +234,77 @@ def nvcc_version(nvcc: Path) -> str | None:
 def same_minor(a: str, b: str) -> bool:
     """ "12.4" and "12.4.1" agree; "12.4" and "13.0" do not."""
     return a.split(".")[:2] == b.split(".")[:2]
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory: the node's RAM as the kernel enforces it, the GPU's (memory/guard.py judges the fit)
+
+
+def node_ram() -> NodeRam:
+    """This node's RAM as the kernel will enforce it: physical RAM, or the cgroup limit."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        proc_cgroup = Path("/proc/self/cgroup").read_text()
+    except OSError:  # not Linux
+        proc_cgroup = ""
+    return ram_limit(physical, cgroup_memory_limit(proc_cgroup))
+
+
+def node_ram_bytes() -> int:
+    """node_ram()'s bytes (the smaller of the RAM and the cgroup limit)."""
+    return node_ram().bytes
+
+
+def device_memory_bytes(local_rank: int) -> int | None:
+    """This rank's GPU memory, or None on CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(local_rank).total_memory
+
+
+def cgroup_paths(proc_cgroup: str) -> dict[str, str]:
+    """This process's cgroup from /proc/self/cgroup: {"v2": path} from the `0::path` line,
+    {"v1": path} from the line of v1's memory controller (`4:memory:/slurm/uid_1/job_7`)."""
+    found = {}
+    for line in proc_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            found["v2"] = path
+        elif "memory" in controllers.split(","):
+            found["v1"] = path
+    return found
+
+
+def read_limit(path: Path) -> int | None:
+    """A cgroup memory limit file's bytes; None: no file, no access, `max` or v1's no limit."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit() or int(text) >= NO_CGROUP_LIMIT:
+        return None
+    return int(text)
+
+
+def cgroup_memory_limit(proc_cgroup: str, root: Path = CGROUP_ROOT) -> int | None:
+    """The tightest memory limit on this process's cgroup or a parent (a job's limit is often
+    on the parent of its step's cgroup): v2 `memory.max` (at `root`, or `root/unified` on a
+    hybrid host), v1 `memory/.../memory.limit_in_bytes`. None: no limit set. A path the mount
+    does not show (a container's own cgroup namespace) is walked up to the mount's root."""
+    paths = cgroup_paths(proc_cgroup)
+    places = []
+    if "v2" in paths:
+        places += [(base, paths["v2"], "memory.max") for base in (root, root / "unified")]
+    if "v1" in paths:
+        places.append((root / "memory", paths["v1"], "memory.limit_in_bytes"))
+    limits = []
+    for base, path, name in places:
+        here = base / path.lstrip("/")
+        for d in [here, *here.parents]:
+            if d != base and base not in d.parents:
+                break
+            limits.append(read_limit(d / name))
+    return min((v for v in limits if v is not None), default=None)

@@ -4,15 +4,13 @@ OOM at its first step or be OOM-killed with no step done.
 
 "Lets it use" is defined here and the picker plans with it (`usable_gpu_memory`: 90% of what
 the CUDA context leaves of a GPU; `usable_cpu_memory`: 90% of a node's RAM), so a run the
-picker would refuse is refused here too. A
-node's RAM is the smaller of the machine's and its cgroup's limit (Slurm --mem, docker -m): the
-kernel OOM-kills at the cgroup limit whatever the machine has.
+picker would refuse is refused here too. A node's RAM is the smaller of the machine's and its
+cgroup's limit (Slurm --mem, docker -m; launch/machine.py `node_ram` reads both): the kernel
+OOM-kills at the cgroup limit whatever the machine has.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import NamedTuple
 
 from gpt_ds.base.errors import ConfigError
@@ -47,8 +45,6 @@ FIXES = (
     "(the zero3 and zero2_offload presets; tools/pick_preset.py, gpt-ds-pick-preset, compares "
     "them)"
 )
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-NO_CGROUP_LIMIT = 1 << 62  # cgroup v1 writes "no limit" as LONG_MAX rounded down to a page
 
 
 class NodeRam(NamedTuple):
@@ -58,81 +54,11 @@ class NodeRam(NamedTuple):
     limit: str
 
 
-def cgroup_paths(proc_cgroup: str) -> dict[str, str]:
-    """This process's cgroup from /proc/self/cgroup: {"v2": path} from the `0::path` line,
-    {"v1": path} from the line of v1's memory controller (`4:memory:/slurm/uid_1/job_7`)."""
-    found = {}
-    for line in proc_cgroup.splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and controllers == "":
-            found["v2"] = path
-        elif "memory" in controllers.split(","):
-            found["v1"] = path
-    return found
-
-
-def read_limit(path: Path) -> int | None:
-    """A cgroup memory limit file's bytes; None: no file, no access, `max` or v1's no limit."""
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if not text.isdigit() or int(text) >= NO_CGROUP_LIMIT:
-        return None
-    return int(text)
-
-
-def cgroup_memory_limit(proc_cgroup: str, root: Path = CGROUP_ROOT) -> int | None:
-    """The tightest memory limit on this process's cgroup or a parent (a job's limit is often
-    on the parent of its step's cgroup): v2 `memory.max` (at `root`, or `root/unified` on a
-    hybrid host), v1 `memory/.../memory.limit_in_bytes`. None: no limit set. A path the mount
-    does not show (a container's own cgroup namespace) is walked up to the mount's root."""
-    paths = cgroup_paths(proc_cgroup)
-    places = []
-    if "v2" in paths:
-        places += [(base, paths["v2"], "memory.max") for base in (root, root / "unified")]
-    if "v1" in paths:
-        places.append((root / "memory", paths["v1"], "memory.limit_in_bytes"))
-    limits = []
-    for base, path, name in places:
-        here = base / path.lstrip("/")
-        for d in [here, *here.parents]:
-            if d != base and base not in d.parents:
-                break
-            limits.append(read_limit(d / name))
-    return min((v for v in limits if v is not None), default=None)
-
-
 def ram_limit(physical: int, cgroup: int | None) -> NodeRam:
     """The node's RAM for the run: the machine's, or its cgroup's limit where that is lower."""
     if cgroup is not None and cgroup < physical:
         return NodeRam(cgroup, f"the cgroup limit {cgroup / GiB:.2f} GiB (Slurm --mem / docker -m)")
     return NodeRam(physical, f"this machine's {physical / GiB:.2f} GiB of RAM")
-
-
-def node_ram() -> NodeRam:
-    """This node's RAM as the kernel will enforce it: physical RAM, or the cgroup limit."""
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        proc_cgroup = Path("/proc/self/cgroup").read_text()
-    except OSError:  # not Linux
-        proc_cgroup = ""
-    return ram_limit(physical, cgroup_memory_limit(proc_cgroup))
-
-
-def node_ram_bytes() -> int:
-    """node_ram()'s bytes (the smaller of the RAM and the cgroup limit)."""
-    return node_ram().bytes
-
-
-def device_memory_bytes(local_rank: int) -> int | None:
-    """This rank's GPU memory, or None on CPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_properties(local_rank).total_memory
 
 
 def host_bytes_needed(est: MemoryEstimate, ranks_per_node: int, *, on_cpu: bool) -> int:
@@ -156,10 +82,10 @@ def check_fits(
     On GPUs each rank's estimate must fit what the picker lets a run use of its GPU
     (`usable_gpu_memory` of `device_bytes`, the card's total), and the node's CPU part 90% of
     its RAM; on CPU the ranks' "device" memory is the host's too, so all of it must fit 90% of
-    the host together. `ram`: the node's RAM and the name of its limit (default:
-    `node_ram()`, the machine's or the cgroup's, whichever is lower).
+    the host together. `ram`: the node's RAM and the name of its limit (launch/machine.py
+    `node_ram`: the machine's or the cgroup's, whichever is lower); None for a machine whose
+    RAM is not known, whose host side is then not checked.
     """
-    ram = ram or node_ram()
     problems = []
     if device_bytes is not None and est.total > usable_gpu_memory(device_bytes):
         problems.append(
@@ -171,7 +97,7 @@ def check_fits(
             "absorbs allocator fragmentation: what tools/pick_preset.py plans with)"
         )
     host_need = host_bytes_needed(est, ranks_per_node, on_cpu=device_bytes is None)
-    if host_need > usable_cpu_memory(ram.bytes):
+    if ram is not None and host_need > usable_cpu_memory(ram.bytes):
         where = f"{ranks_per_node} rank(s) on CPU" if device_bytes is None else "the CPU side"
         problems.append(
             f"the estimate for {where} is {host_need / GiB:.2f} GiB per node (per rank "
