@@ -357,7 +357,9 @@ def test_the_benchmark_group_is_exactly_the_modules_that_run_a_benchmark():
 # A file name in a docstring or comment: a module or script path (`run/plan.py`, `plan.py`)
 NAMED_FILE = re.compile(r"(?<![\w./-])([a-z][\w/]*/)?([a-z_0-9]+\.py)\b")  # not `tools/X.py`
 # files of other projects the code names, with the project on the same line
-OTHER_PROJECTS = ("llama.cpp", "convert_hf_to_gguf", "nanoGPT")
+OTHER_PROJECTS = ("llama.cpp", "convert_hf_to_gguf", "nanoGPT", "build-nanogpt")
+# the pages people read, beside the code's docstrings and comments
+DOC_PAGES = ["README.md", "CONTRIBUTING.md", "BENCHMARKS.md", "ds_configs/README.md", "docs/*.md"]
 
 
 def python_files_of(*folders: str) -> list[Path]:
@@ -365,7 +367,8 @@ def python_files_of(*folders: str) -> list[Path]:
 
 
 def test_every_file_the_code_names_exists():
-    """Docstrings and comments of gpt_ds/, benchmarks/ and tools/ name modules that exist: in
+    """Docstrings and comments of gpt_ds/, benchmarks/ and tools/, and the docs (DOC_PAGES; not
+    the CHANGELOG, whose history names files since gone), name modules that exist: in
     this repository (a path's tail is enough: `run/plan.py`, `plan.py`), or in DeepSpeed,
     transformers, torch or tiktoken as installed with that package named on the line (its name
     or its path: a bare `schedule.py` is not DeepSpeed's pipeline schedule), or with the other
@@ -384,7 +387,8 @@ def test_every_file_the_code_names_exists():
         return any(k == name or k.endswith("/" + name) for k in files)
 
     missing = []
-    for path in python_files_of("gpt_ds", "benchmarks", "tools"):
+    pages = sorted(p for pattern in DOC_PAGES for p in REPO.glob(pattern))
+    for path in [*python_files_of("gpt_ds", "benchmarks", "tools"), *pages]:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if any(project in line for project in OTHER_PROJECTS):
                 continue

@@ -79,7 +79,7 @@ def planned(argv: list[str], ranks: int):
 @contextlib.contextmanager
 def _launcher_env(ranks: int) -> Iterator[None]:
     """WORLD_SIZE / LOCAL_WORLD_SIZE as `deepspeed --num_gpus RANKS` sets them, for a run planned
-    in this process (gpt_ds.run.machine.probe_machine reads them before any process group)."""
+    in this process (gpt_ds.launch.machine.probe_machine reads them before any process group)."""
     saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")}
     os.environ.update(WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks))
     try:

@@ -1,4 +1,4 @@
-"""This machine's facts (gpt_ds/run/machine.py), probed once per test process: what the tests
+"""This machine's facts (gpt_ds/launch/machine.py), probed once per test process: what the tests
 that resolve a DeepSpeed config alone hand to `resolve_ds_config`, as the trainer does."""
 
 from __future__ import annotations
