@@ -18,11 +18,10 @@ from support.launch import free_port, launch_env, remove_shm_buffers
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.monitors import monitor_package_problems
 from gpt_ds.dsconfig.optimization import choose_adam
-from gpt_ds.dsconfig.precision import cpu_precision
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig, resolve_ds_config
 from gpt_ds.dsconfig.schema import PRESETS, SCHEMA_PATH, load_ds_config, preset_path
 from gpt_ds.dsconfig.settings import MachineFacts, RunSettings
-from gpt_ds.launch.machine import adam_facts, detect_precision
+from gpt_ds.launch.machine import adam_facts, cpu_precision, detect_precision
 
 STAGES = {"zero1": 1, "zero2": 2, "zero2_offload": 2, "zero3": 3, "zero3_offload": 3}
 

@@ -16,11 +16,10 @@ from helpers.messages import assert_names, names
 from support.launch import tiny_run_args
 
 from gpt_ds.base.errors import ConfigError
-from gpt_ds.dsconfig.precision import cuda_fp16_refusal, fp16_refusal, gpu_precision
 from gpt_ds.dsconfig.resolve import resolve_ds_config
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
 from gpt_ds.dsconfig.settings import RunSettings
-from gpt_ds.launch.machine import precision_refusal
+from gpt_ds.launch.machine import cuda_fp16_refusal, fp16_refusal, gpu_precision, precision_refusal
 
 BF16_CPU = "processor: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile\n"
 OLD_CPU = "flags : fpu sse avx2 avx512f\n"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard
 
-from gpt_ds.dsconfig.precision import PRECISIONS
+PRECISIONS = ("bf16", "fp16", "fp32")  # what --precision names besides auto
 
 # How long a run trains: `--max_iters`, or a budget in tokens (`--max_tokens`) or in passes over
 # the train split (`--max_epochs`); dsconfig/resolve.py turns a budget into steps once the batch

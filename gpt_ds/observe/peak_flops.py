@@ -4,8 +4,8 @@
 Keyed by the exact model in the name the driver reports (`torch.cuda.get_device_name()`), so a
 PCIe card does not get its SXM sibling's figure and "L40" never matches "L40S". Figures are
 the vendors' dense matrix peaks (no structured sparsity) in the precision a run trains there:
-bf16 where the card has it natively (`precision.gpu_precision` picks bf16 there), fp16 on
-V100 / T4-class cards (which train fp16). In TFLOP/s per device torch sees: an MI250X/MI250
+bf16 where the card has it natively (launch/machine.py `gpu_precision` picks bf16 there), fp16
+on V100 / T4-class cards (which train fp16). In TFLOP/s per device torch sees: an MI250X/MI250
 package is two GCDs, each its own device and rank, so those rows are half the package figure.
 An unknown device gives None and the trainer says so once (`--peak_tflops` sets it).
 """
