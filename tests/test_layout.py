@@ -30,12 +30,12 @@ LAYERS = [
     "base",  # errors, process group, CLI style: used everywhere
     "model",  # GPT-2 shapes, construction, the chunked loss
     "data",  # tokenizer, token files, training windows, mixtures; data/prepare
-    "dsconfig",  # the DeepSpeed config: schema, RunSettings, "auto", precision, optimizer
+    "dsconfig",  # the DeepSpeed config: schema, RunSettings, every "auto" from the machine's facts
     "memory",  # the ZeRO memory and communication model, the guard, the picker
     "observe",  # metrics, monitors, start-up report, plots
     "checkpoint",  # save protocol, manifest, tags, universal conversion
     "export",  # Hugging Face export, generation
-    "launch",  # hostfile, preflight, GPU support, rank counts
+    "launch",  # the machine's facts, hostfile, preflight, GPU support, rank counts
     "run",  # the run config and what it resolves to
     "training",  # the trainer
     "commands",  # one module per console script
