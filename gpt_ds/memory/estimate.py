@@ -676,24 +676,34 @@ EAGER_ATTN_BYTES_PER_ASSB = 5
 LOGIT_BYTES_PER_ELEMENT = 12
 
 
+# The chunked loss at its peak, per logit of one chunk: the chunk's fp32 logits beside their
+# fp32 softmax (chunked_loss.py `_chunk_loss_and_grad`), measured by tests/test_memory.py.
+CHUNK_BYTES_PER_LOGIT = 8
+
+
 def chunked_loss_bytes(shape: ModelShape, micro_batch_size: int, precision: str) -> tuple[int, int]:
-    """(kept for backward, transient in forward) bytes of the chunked loss (chunked_loss.py).
+    """(kept for backward, transient in forward) bytes of the chunked loss (chunked_loss.py),
+    whose sum is its forward's peak.
 
     Kept: the gradients of the hidden states (tokens x width) and of the head's weight (vocab
-    x width), in the run precision. Transient while they are built: one chunk of logits (fp32,
-    plus the 16-bit matmul output it is upcast from) and, below fp32, the weight gradient's
-    fp32 accumulator with one 16-bit chunk product (in fp32 runs the accumulator is the kept
-    gradient). The chunk is a GPU's (on CPU it is smaller: an over-estimate there, which also
-    covers a CPU's block of gathered 16-bit logit gradients, 64 MiB against 256 MiB).
+    x width), in the run precision. Transient: the weight gradient's fp32 accumulator (in place
+    of the kept 16-bit one until the end; in fp32 runs it is the kept one) and one chunk's
+    logits and softmax (CHUNK_BYTES_PER_LOGIT). The chunk is a GPU's (on CPU it is smaller: an
+    over-estimate there), and a micro-batch of one chunk, which accumulates nothing, is counted
+    as if it did (an over-estimate, which keeps the picker's memory linear in the micro-batch).
     """
     from gpt_ds.model.chunked_loss import chunk_rows  # its kernels load with the model
 
-    tokens, vocab, width = micro_batch_size * shape.block_size, shape.vocab_size, shape.n_embd
-    w = PRECISION_BYTES[precision]
+    tokens, vocab = micro_batch_size * shape.block_size, shape.vocab_size
+    rows = min(chunk_rows(vocab), tokens)
+    return chunked_loss_parts(tokens, vocab, shape.n_embd, PRECISION_BYTES[precision], rows)
+
+
+def chunked_loss_parts(tokens: int, vocab: int, width: int, w: int, rows: int) -> tuple[int, int]:
+    """`chunked_loss_bytes` for `tokens` hidden states of `width` against a `vocab`-row head,
+    `w` bytes a value, in chunks of `rows` tokens."""
     kept = tokens * width * w + vocab * width * w
-    chunk = min(chunk_rows(vocab), tokens) * vocab * (4 + (w if w < 4 else 0))
-    accumulator = vocab * width * (4 + w) if w < 4 else 0
-    return kept, accumulator + chunk
+    return kept, vocab * width * (4 - w) + rows * vocab * CHUNK_BYTES_PER_LOGIT
 
 
 def deepspeed_loss_bytes(
