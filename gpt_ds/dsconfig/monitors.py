@@ -11,7 +11,7 @@ resolution reports it with every other problem). The trainer then writes through
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from pathlib import Path
 
 from packaging.version import Version
@@ -98,10 +98,12 @@ def check_monitors(ds_config: dict, mode: str, has_key: bool) -> None:
         )
 
 
-def wandb_env(ds_config: dict, out_dir: str, run_name: str, environ) -> dict[str, str]:
+def wandb_env(
+    ds_config: dict, out_dir: str, run_name: str, environ: Container[str]
+) -> dict[str, str]:
     """W&B's run name and local directory, which it reads from the environment when DeepSpeed
     calls wandb.init (its config has neither): the run's name, files under OUT_DIR/wandb; a
-    user's own settings in `environ` kept. Empty without W&B."""
+    user's own settings (the names set in `environ`) kept. Empty without W&B."""
     if not enabled(ds_config, "wandb"):
         return {}
     wanted = {"WANDB_NAME": run_name, "WANDB_DIR": str(Path(out_dir))}

@@ -26,6 +26,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,7 @@ FLIGHT_RECORDER_OLD_NAMES = {
 }
 
 
-def flight_recorder_env(out_dir: str | Path, environ) -> dict[str, str]:
+def flight_recorder_env(out_dir: str | Path, environ: Iterable[str]) -> dict[str, str]:
     """NCCL's flight recorder on by default (a user's own settings kept, under either name),
     its dump in OUT_DIR/hang/ beside the stacks: torch records each rank's last collectives and
     writes them when its NCCL watchdog times out. Ignored by gloo."""
