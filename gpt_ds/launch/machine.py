@@ -6,6 +6,7 @@ not. Choosing from the facts is the resolution's (dsconfig/), which asks the mac
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import netrc
 import os
@@ -131,6 +132,7 @@ def detect_precision() -> tuple[str, str]:
     return "fp32", f"{device} accelerator supports neither bf16 nor fp16"
 
 
+@functools.cache  # the precision and the fp16 refusal both read it: once a process
 def _read_cpuinfo() -> str | None:
     try:
         return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
