@@ -116,8 +116,10 @@ def load_token_data(data_dir: str | Path, vocab_size: int, block_size: int) -> T
 
 
 def _read_meta(data_dir: Path, vocab_size: int) -> dict:
-    """meta.json, checked against this package's format and tokenizer."""
-    from gpt_ds.data.tokenizer import tokenizer_fingerprint
+    """meta.json, checked against this package's format and tokenizer. Training reads token
+    ids only: the meta's digests are compared with the official GPT-2 files' (what prepare_data
+    checked the packaged files against), with no need for the files themselves."""
+    from gpt_ds.data.tokenizer import ASSET_SHA256, TOKENIZER_NAME
 
     meta_path = data_dir / "meta.json"
     hint = rebuild_command(data_dir)
@@ -132,7 +134,7 @@ def _read_meta(data_dir: Path, vocab_size: int) -> dict:
         raise DataError(f"{meta_path}: cannot read dataset description: {exc}") from exc
     if meta.get("format") != FORMAT or meta.get("dtype") != DTYPE:
         raise DataError(f"{meta_path}: not a gpt_ds token dataset (format/dtype); {hint}")
-    if meta.get("tokenizer") != "gpt2" or meta.get("tokenizer_sha256") != tokenizer_fingerprint():
+    if meta.get("tokenizer") != TOKENIZER_NAME or meta.get("tokenizer_sha256") != ASSET_SHA256:
         raise DataError(
             f"{meta_path}: made with tokenizer {meta.get('tokenizer')!r} "
             f"({meta.get('tokenizer_sha256')}), not this package's GPT-2 BPE; {hint}"
