@@ -32,8 +32,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from support.logit_traffic import logit_traffic  # noqa: E402
 
-from gpt_ds.model.chunked_loss import chunk_rows, chunked_cross_entropy  # noqa: E402
-from gpt_ds.model.logits_loss import deepspeed_cross_entropy  # noqa: E402
+from gpt_ds.model.training_model import (  # noqa: E402
+    chunk_rows,
+    chunked_cross_entropy,
+    deepspeed_cross_entropy,
+)
 
 VOCAB, PADDED = 50257, 50304
 

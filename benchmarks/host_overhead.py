@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))  # this checkout's gpt_ds
 from support.launch import launch_env, run_deepspeed  # noqa: E402
 from support.workspace import prepare_shakespeare, work_dir  # noqa: E402
 
-from gpt_ds.model.chunked_loss import CHUNKS_ENV  # noqa: E402
+from gpt_ds.model.training_model import CHUNKS_ENV  # noqa: E402
 from gpt_ds.observe.host_syncs import CPU_SKIPPED  # noqa: E402
 from gpt_ds.observe.step_ops import PHASES, StepOps, count_step_ops  # noqa: E402
 

@@ -1,6 +1,6 @@
-"""The training model's three ways to take the LM loss (`--loss`: chunked, by
-gpt_ds.model.chunked_loss; deepspeed, DeepSpeed's chunked cross-entropy over the logits; full,
-the fp32 logits whole; both by gpt_ds.model.logits_loss) against a reference computed here:
+"""The training model's three ways to take the LM loss (`--loss`: chunked; deepspeed, DeepSpeed's
+chunked cross-entropy over the logits; full, the fp32 logits whole; all in
+gpt_ds.model.training_model) against a reference computed here:
 transformers' GPT2LMHeadModel's logits, upcast to fp32, torch's `F.cross_entropy`. Same loss and
 same gradients (of the last hidden states and of every parameter, the tied embedding/head
 included) to float rounding, in fp32 and bf16, with uneven chunks and ignored tokens; padding
@@ -18,7 +18,6 @@ from support.logit_traffic import logit_traffic
 from torch._dynamo.utils import counters
 
 from gpt_ds.data.tokenizer import get_encoding
-from gpt_ds.model.chunked_loss import FUSED_ENV, IGNORE_INDEX, chunked_cross_entropy
 from gpt_ds.model.gpt2 import (
     LOSS_KINDS,
     ModelShape,
@@ -28,6 +27,7 @@ from gpt_ds.model.gpt2 import (
     padded_vocab,
     unpadded,
 )
+from gpt_ds.model.training_model import FUSED_ENV, IGNORE_INDEX, chunked_cross_entropy
 
 TEXT = (
     "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First "

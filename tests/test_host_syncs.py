@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 from harness.launch import run_deepspeed
+from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from transformers import GPT2LMHeadModel
 from transformers.activations import GELUTanh, NewGELUActivation
 
-from gpt_ds.base.phases import phase
+from gpt_ds.base.phases import FORWARD, STEP
 from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, build_model, gpt2_config
 from gpt_ds.observe.host_syncs import SYNC_PREFIX, marking_syncs
 from gpt_ds.observe.step_ops import LOCAL_SCALAR, count_step_ops
@@ -82,9 +83,9 @@ def test_step_ops_counts_leaves_by_phase(tmp_path):
     `.tolist()` in step, an `add` outside any phase."""
     a = torch.ones(4, 4)
     with profile(activities=[ProfilerActivity.CPU]) as prof, marking_syncs():
-        with phase("forward"):
+        with record_function(FORWARD):
             b = (a @ a).view(16).relu()
-        with phase("step"):
+        with record_function(STEP):
             b.sum().item()
             b.tolist()
         torch.add(a, 1)

@@ -44,7 +44,7 @@ MAX_TOP_LEVEL_MODULES = 4
 # `import gpt_ds.train` and a one-process run up to its first optimizer step: what only some
 # runs need (the picker, plots, profiling, compile, ZeRO-3's build...) is imported where used
 MAX_TRAIN_IMPORTS = 50
-MAX_STEP_PATH_FILES = 34  # counted in every thread the run starts
+MAX_STEP_PATH_FILES = 30  # counted in every thread the run starts
 
 
 def modules() -> dict[str, Path]:

@@ -536,7 +536,7 @@ def test_the_chunked_loss_peaks_where_its_formula_says(precision):
     to 2%; in bf16 on CPU plus ATen's fp32 temporary for the cast (CPU_CAST_EXCESS). Four
     chunks of 128 tokens, each its own block as on a GPU; 32 wide, so the accumulator is an
     eighth of a chunk."""
-    from gpt_ds.model.chunked_loss import chunked_cross_entropy
+    from gpt_ds.model.training_model import chunked_cross_entropy
 
     dtype, w = (torch.bfloat16, 2) if precision == "bf16" else (torch.float32, 4)
     vocab, width, rows, tokens = 50304, 32, 128, 512

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from gpt_ds.dsconfig.schema import load_ds_config, preset_path
-from gpt_ds.model.chunked_loss import FUSED_ENV
 from gpt_ds.model.gpt2 import ModelShape
+from gpt_ds.model.training_model import FUSED_ENV
 from gpt_ds.observe.metrics_file import read_metrics
 from support.launch import REPO, TRAIN, planned
 from support.peak_rss import run_watched

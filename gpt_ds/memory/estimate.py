@@ -677,12 +677,12 @@ LOGIT_BYTES_PER_ELEMENT = 12
 
 
 # The chunked loss at its peak, per logit of one chunk: the chunk's fp32 logits beside their
-# fp32 softmax (chunked_loss.py `_chunk_loss_and_grad`), measured by tests/test_memory.py.
+# fp32 softmax (training_model.py `_chunk_loss_and_grad`), measured by tests/test_memory.py.
 CHUNK_BYTES_PER_LOGIT = 8
 
 
 def chunked_loss_bytes(shape: ModelShape, micro_batch_size: int, precision: str) -> tuple[int, int]:
-    """(kept for backward, transient in forward) bytes of the chunked loss (chunked_loss.py),
+    """(kept for backward, transient in forward) bytes of the chunked loss (training_model.py),
     whose sum is its forward's peak.
 
     Kept: the gradients of the hidden states (tokens x width) and of the head's weight (vocab
@@ -692,7 +692,7 @@ def chunked_loss_bytes(shape: ModelShape, micro_batch_size: int, precision: str)
     over-estimate there), and a micro-batch of one chunk, which accumulates nothing, is counted
     as if it did (an over-estimate, which keeps the picker's memory linear in the micro-batch).
     """
-    from gpt_ds.model.chunked_loss import chunk_rows  # its kernels load with the model
+    from gpt_ds.model.training_model import chunk_rows  # its kernels load with the model
 
     tokens, vocab = micro_batch_size * shape.block_size, shape.vocab_size
     rows = min(chunk_rows(vocab), tokens)
@@ -710,7 +710,7 @@ def deepspeed_loss_bytes(
     shape: ModelShape, micro_batch_size: int, precision: str
 ) -> tuple[int, int]:
     """(kept for backward, made in backward) bytes of DeepSpeed's chunked cross-entropy over
-    the logits (--loss deepspeed; model/logits_loss.py).
+    the logits (--loss deepspeed; model/training_model.py).
 
     Kept: the logits in the run precision (tokens x vocab x w), and per token its fp32
     log-sum-exp and int64 target. Made in backward, while those are alive: the logits'

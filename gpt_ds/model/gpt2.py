@@ -285,13 +285,13 @@ def lm_loss(model, x: torch.Tensor, y: torch.Tensor, *, reduction: str = "mean")
 
     x, y: (B, T) token ids, y = x shifted by one. A GPT2TrainingModel computes it inside its
     forward, its head's way (LOSS_KINDS); any other GPT-2 from the full logits, upcast to fp32
-    (logits_loss.py), padding rows never predicted.
+    (training_model.py), padding rows never predicted.
     """
     module = getattr(model, "module", model)
     if getattr(module, "takes_targets", False):
         loss = model(input_ids=x, targets=y)
         return loss * y.numel() if reduction == "sum" else loss
-    from gpt_ds.model.logits_loss import full_cross_entropy  # a model without the loss inside
+    from gpt_ds.model.training_model import full_cross_entropy  # a model without the loss inside
 
     logits = model(input_ids=x, use_cache=False).logits  # (B, T, V)
     tokens = getattr(module.config, "token_vocab_size", None)

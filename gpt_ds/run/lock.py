@@ -219,7 +219,7 @@ class RunLock:
     def release(self) -> None:
         """Remove the lock file, if it is still ours."""
         self._stop.set()
-        self._beat.join()  # not left to interpreter shutdown (see stop_request.StopRequest.close)
+        self._beat.join()  # not left to interpreter shutdown (see processes.StopRequest.close)
         holder = LockOwner.read(self.path)
         if holder is None or holder.run_id != self.owner.run_id:
             return

@@ -147,11 +147,11 @@ def make_sync_free(engine: Any, precision: str) -> str:
 # The loss is taken inside the compiled forward (model/training_model.py), by `--loss` kind:
 # - full: head, fp32 upcast and cross-entropy in the one graph, for inductor to fuse (as
 #   nanoGPT's compiled `model(idx, targets)`);
-# - deepspeed: eager (`torch.compiler.disable` in logits_loss.py), after the compiled head: its
-#   Triton kernels are already fused, and torch 2.11's dynamo failed inside its version check
-#   on an H200 (BENCHMARKS.md); the graph breaks before it;
-# - chunked stays eager (`torch.compiler.disable` in chunked_loss.py): a loop of large matmuls
-#   that compile would only unroll; the graph breaks before it.
+# - deepspeed: eager (`torch.compiler.disable` on `deepspeed_cross_entropy`), after the compiled
+#   head: its Triton kernels are already fused, and torch 2.11's dynamo failed inside its
+#   version check on an H200 (BENCHMARKS.md); the graph breaks before it;
+# - chunked stays eager (`torch.compiler.disable` on `chunked_cross_entropy`): a loop of large
+#   matmuls that compile would only unroll; the graph breaks before it.
 
 
 def compile_engine(engine, blocker: str | None) -> str:

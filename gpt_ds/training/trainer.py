@@ -9,7 +9,7 @@ Beside it, the loop's own parts, each with a comment block saying why: `EarlySto
 plateau rule), `SaveClock` / `Agreed`
 (--save_every_minutes, agreed in the step's vote), `PendingSteps` / `LogWindow` (each step's
 loss and gradient norm kept on the device until the host must read them). A stop asked from
-outside (signals, a vanished launcher) is training/stop_request.py's.
+outside (signals, a vanished launcher) is base/processes.py's `StopRequest`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as tdist
+from torch.autograd.profiler import record_function
 
 from gpt_ds.base import dist
 from gpt_ds.base.cli import tool
 from gpt_ds.base.errors import GptDsError
-from gpt_ds.base.phases import phase
-from gpt_ds.base.processes import release_freed_blocks
+from gpt_ds.base.phases import BACKWARD, FORWARD, STEP
+from gpt_ds.base.processes import StopRequest, release_freed_blocks
 from gpt_ds.checkpoint.checkpointer import Checkpointer
 from gpt_ds.checkpoint.manifest import new_manifest
 from gpt_ds.checkpoint.tags import CheckpointRef, latest_tag
@@ -48,7 +49,6 @@ from gpt_ds.run.lock import AUTO
 from gpt_ds.run.plan import RunPlan
 from gpt_ds.training.engine_build import build_engine
 from gpt_ds.training.evaluation import evaluate_mix
-from gpt_ds.training.stop_request import StopRequest
 
 if TYPE_CHECKING:
     from gpt_ds.observe.profile import StepProfiler
@@ -432,12 +432,12 @@ class Trainer:
         for micro in range(1, ga + 1):
             self._progress(f"forward and backward of iter {it}, micro-step {micro}/{ga}", it)
             x, y = self.train_windows.next_batch()
-            with phase("forward"):
+            with record_function(FORWARD):
                 loss = lm_loss(self.engine, *dist.to_device(x, y, dev=dev))
-            with phase("backward"):
+            with record_function(BACKWARD):
                 self.engine.backward(loss)
             self._progress(f"engine step of iter {it}, micro-step {micro}/{ga}")
-            with phase("step"):
+            with record_function(STEP):
                 self.engine.step()
             loss_sum += loss.detach()
         # without fp16's loss scaler, a skipped step means inf/NaN gradients: DeepSpeed would
