@@ -3,6 +3,7 @@ asserts a speed, only that every row ran and the table is complete and consisten
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import time
@@ -200,21 +201,22 @@ def test_gpu_check_stopped_by_its_budget_keeps_what_it_measured(shakespeare_dir,
 def test_optimizers_benchmark_sweeps_keeps_the_best_lr_and_prints_both_rows(
     shakespeare_dir, tmp_path
 ):
-    """Three launches: AdamW at two lrs, Muon at one; the table keeps AdamW's lower final val
-    loss, and AdamW's own run reaches its final at its last evaluation: all its tokens."""
+    """Two launches: AdamW and Muon at one lr each (the sweep's choice among lrs is the next
+    test's); AdamW's row is its run, which reaches its final at its last evaluation: all its
+    tokens."""
     proc = run_benchmark(
         "optimizers",
         "--model", "gpt2-tiny", "--block_size", "64", "--micro_batch_size", "2",
         "--max_iters", "4", "--warmup_iters", "1", "--eval_interval", "2", "--eval_iters", "1",
-        "--seeds", "1", "--adamw_lrs", "6e-4", "2e-3", "--muon_lrs", "0.02",
+        "--seeds", "1", "--adamw_lrs", "2e-3", "--muon_lrs", "0.02",
         data_dir=shakespeare_dir,
         work_dir=tmp_path,
         timeout=900,
     )  # fmt: skip
     out = proc.stdout
     swept = dict(re.findall(r"^  adamw_lr([\d.e-]+)_seed1337: final val loss ([\d.]+)", out, re.M))
-    assert len(swept) == 2, out
-    best = min(swept, key=lambda lr: float(swept[lr]))
+    assert len(swept) == 1, out
+    (best,) = swept
     rows = re.findall(r"^\| (AdamW|Muon[^|]*) \| ([\d.e-]+) \| 1 \| ([\d.]+) \(1 seed\) \| "
                       r"([^|]+) \| ([\d,]+) \| ([\d.]+) GiB \|$", out, re.M)  # fmt: skip
     assert [r[0].split()[0] for r in rows] == ["AdamW", "Muon"], out
@@ -223,3 +225,22 @@ def test_optimizers_benchmark_sweeps_keeps_the_best_lr_and_prints_both_rows(
     assert adamw[3].strip() == "1,024 (100%)", out  # 4 steps of 2 ranks x 2 x 64 tokens
     assert float(muon[1]) == 0.02 and float(muon[5]) > 0.1
     assert "AdamW's final val loss" in out and f"{float(swept[best]):.4f} is the target" in out
+
+
+def test_the_optimizers_sweep_keeps_the_lowest_final_loss_and_seeds_it(monkeypatch, tmp_path):
+    """`sweep` trains every lr at the first seed, keeps the lr of the lowest final val loss and
+    trains the other seeds at it (each launch stood in for by its result, set by lr)."""
+    import optimizers
+
+    finals = {6e-4: 5.0, 2e-3: 4.0, 6e-3: 4.5}
+    launched = []
+
+    def train(_args, _work, optimizer, lr, seed, _adamw_lr):
+        launched.append((lr, seed))
+        return optimizers.Run(optimizer, lr, seed, [(0, 11.0), (1024, finals[lr])], 1.0, 0.5)
+
+    monkeypatch.setattr(optimizers, "train", train)
+    args = argparse.Namespace(first_seed=1337, seeds=3)
+    runs = optimizers.sweep(args, tmp_path, "adamw", list(finals), adamw_lr=6e-4)
+    assert [(r.lr, r.seed) for r in runs] == [(2e-3, 1337), (2e-3, 1338), (2e-3, 1339)]
+    assert launched == [(6e-4, 1337), (2e-3, 1337), (6e-3, 1337), (2e-3, 1338), (2e-3, 1339)]

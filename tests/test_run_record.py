@@ -166,26 +166,26 @@ def test_every_kind_of_run_replays_through_its_manifest(replay_cases, tmp_path):
 @pytest.mark.slow
 def test_a_token_budget_run_falls_back_and_replays(shakespeare_dir, tmp_path):
     """The issue's reproduction: a `--max_tokens` run on 2 ranks. Its damaged `latest` gives
-    way to the older tag without planning the run again (the budget's 16 steps kept), and the
+    way to the older tag without planning the run again (the budget's 8 steps kept), and the
     resumed run's own `final/gpt_ds.json` replays into a new out dir from the start: the same
     iterations and losses as the first run."""
     out, again = tmp_path / "run", tmp_path / "replayed"
-    budget = {"max_iters": None, "max_tokens": 8192, "eval_interval": 8, "eval_iters": 1}
+    budget = {"max_iters": None, "max_tokens": 4096, "eval_interval": 4, "eval_iters": 1}
     first = run_deepspeed(tiny_run_args(shakespeare_dir, out, **budget)).stdout
-    assert "run length: 16 iterations from --max_tokens 8,192 (512 tokens each)" in first
+    assert "run length: 8 iterations from --max_tokens 4,096 (512 tokens each)" in first
     losses = train_losses(out)
-    assert sorted(losses) == list(range(1, 17))
+    assert sorted(losses) == list(range(1, 9))
     manifest = json.loads((out / "final" / MANIFEST).read_text())
-    assert (manifest["config"]["max_iters"], manifest["config"]["max_tokens"]) == (None, 8192)
-    assert (manifest["plan"]["max_iters"], manifest["format_version"]) == (16, FORMAT_VERSION)
+    assert (manifest["config"]["max_iters"], manifest["config"]["max_tokens"]) == (None, 4096)
+    assert (manifest["plan"]["max_iters"], manifest["format_version"]) == (8, FORMAT_VERSION)
 
     with (out / "final" / "mp_rank_00_model_states.pt").open("r+b") as f:
         f.seek(1000)
         f.write(os.urandom(64))
     resumed = run_deepspeed(tiny_run_args(shakespeare_dir, out, **budget, resume=True)).stdout
     assert "differs from its recorded sha256 checksum" in resumed
-    assert "using the newest complete tag 'iter_8'" in resumed
-    assert f"resumed from {out}/iter_8 at iteration 8" in resumed
+    assert "using the newest complete tag 'iter_4'" in resumed
+    assert f"resumed from {out}/iter_4 at iteration 4" in resumed
     assert train_losses(out) == losses  # an exact resume, to the last bit
     assert json.loads((out / "final" / MANIFEST).read_text())["config"]["resume"] == "latest"
 

@@ -84,16 +84,13 @@ def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
         start = [deepspeed, "--num_gpus", "1", *port] if runner else [python]
         return run_checked([*start, TRAIN, *args], REPO, env)
 
-    def zero1_through_the_runner() -> None:
-        train(
-            tmp_path / "zero1", runner=True, deepspeed_config="ds_configs/zero1.json", max_iters=2
-        )
-
-    def zero3_gets_gpt2s_init() -> None:
-        """A fresh ZeRO-3 build at the floor gets GPT-2's init: one step at lr 1e-30 keeps
-        it, and the residual projections' std is 0.02/sqrt(2 x 4 layers) (gpt_ds's own ZeRO-3
-        init: transformers < 5.23's left them at 0.02)."""
-        train(tmp_path / "zero3", deepspeed_config="ds_configs/zero3.json", max_iters=1, lr=1e-30)
+    def zero3_through_the_runner_gets_gpt2s_init() -> None:
+        """`deepspeed` itself at its floor, and a fresh ZeRO-3 build at the floor gets GPT-2's
+        init: one step at lr 1e-30 keeps it, and the residual projections' std is
+        0.02/sqrt(2 x 4 layers) (gpt_ds's own ZeRO-3 init: transformers < 5.23's left them at
+        0.02)."""
+        zero3 = {"deepspeed_config": "ds_configs/zero3.json", "max_iters": 1, "lr": 1e-30}
+        train(tmp_path / "zero3", runner=True, **zero3)
         std_ratio = (
             "import sys; from deepspeed.utils.zero_to_fp32 import "
             "get_fp32_state_dict_from_zero_checkpoint as load; "
@@ -134,8 +131,7 @@ def test_every_main_path_runs_without_extras(floor_venv, tmp_path):
     paths = [
         zero2_resumes_exports_and_samples,
         zero3_fine_tunes_a_pretrained_model,
-        zero1_through_the_runner,
-        zero3_gets_gpt2s_init,
+        zero3_through_the_runner_gets_gpt2s_init,
         the_picker_picks,
     ]
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from harness.launch import run_deepspeed, run_python
+from harness.launch import STAGE_RUN_ITERS, run_deepspeed, run_python
 from helpers.files import HELLASWAG_MINI
 from helpers.hellaswag import reference_scores
 from helpers.logged import train_losses
@@ -87,15 +87,14 @@ def test_log_level_quiets_rank_0_but_keeps_every_rank_line(shakespeare_dir, tmp_
     assert sorted(train_losses(out)) == [1, 2]
 
 
-def test_distributed_eval_equals_one_process_reference(shakespeare_dir, tmp_path):
-    out = tmp_path / "run"
-    args = tiny_run_args(shakespeare_dir, out, max_iters=12, eval_interval=6, eval_iters=5)
-    run_deepspeed(args, num_gpus=2)
+def test_distributed_eval_equals_one_process_reference(shakespeare_dir, stage_run):
+    """The ZeRO-2 stage run's last evaluation, on 2 ranks, against one process's."""
+    out, _ = stage_run(2)
     logged = eval_records(out)[-1]
-    assert logged["iter"] == 12
+    assert logged["iter"] == STAGE_RUN_ITERS
     model = consolidated_model(out, "final")
-    # eval_iters 5 x micro_batch 4 = 20 windows, 10 per rank
-    ref = reference_val_loss(model, shakespeare_dir / "val.bin", 64, windows=20)
+    # eval_iters 4 x micro_batch 4 (tiny_run_args') = 16 windows, 8 per rank
+    ref = reference_val_loss(model, shakespeare_dir / "val.bin", 64, windows=16)
     assert math.isclose(logged["val_loss"], ref, rel_tol=0, abs_tol=2e-5), (logged, ref)
     assert math.isclose(logged["val_ppl"], math.exp(ref), rel_tol=1e-4)
 

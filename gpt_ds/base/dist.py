@@ -43,16 +43,18 @@ def skip_cpu_shm_op() -> None:
     training reduces through the process group (gloo). Skipped, a first CPU launch needs no
     C++ compiler and no minute of compiling, and no rank leaves the ~66 MB /dev/shm buffer the
     op creates and never unlinks (a killed rank could not). DeepSpeed reads the op's
-    availability from `deepspeed.ops.__compatible_ops__` there and nowhere else; GPU
-    accelerators have no such op, and probing their ops would cost seconds. Scripts that
-    start DeepSpeed themselves (the benchmarks' peers) call it to run as gpt_ds's ranks do.
+    availability from `deepspeed.ops.__compatible_ops__` there and nowhere else, with
+    `.get(name, False)`: the entry is set without the probe that fills the rest on first access
+    (a compiler run per op that needs a library, at every rank's start). GPU accelerators have
+    no such op. Scripts that start DeepSpeed themselves (the benchmarks' peers) call it to run
+    as gpt_ds's ranks do.
     """
     from deepspeed.accelerator import get_accelerator
 
     if get_accelerator().device_name() == "cpu":
         import deepspeed.ops
 
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        vars(deepspeed.ops).setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False
 
 
 def _free_port() -> int:
