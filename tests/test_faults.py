@@ -252,7 +252,8 @@ def test_sigkill_a_rank_mid_training_then_resume(refs, launch, tmp_path):
     run.rank(1).kill()
     rc = run.finish()
     assert rc in (247, 1), rc  # the launcher's exit: rank 1's -9, or rank 0's 1 if polled first
-    assert "Connection closed by peer" in run.output  # rank 0 noticed in its next collective
+    # rank 0 noticed in its next collective: gloo says closed (EOF) or reset (mid-read)
+    assert re.search(r"Connection (closed|reset) by peer", run.output), run.tail()
     saved = checkpoint_iters(out)
     assert saved[-1] >= 4 and latest(out) == f"iter_{saved[-1]}"
     assert run.shm() == []  # no /dev/shm buffer, not even the SIGKILLed rank's
