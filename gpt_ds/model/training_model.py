@@ -99,13 +99,17 @@ class _Chunking:
     tokens: int | None
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, tokens: int | None) -> torch.Tensor:
-    """fp32 logits of a chunk; columns from `tokens` on (vocabulary padding) at -inf, so they
-    take no probability and get no gradient."""
-    logits = (hidden @ weight.t()).float()
+def mask_padding(logits: torch.Tensor, tokens: int | None) -> torch.Tensor:
+    """`logits` with the columns from `tokens` on (vocabulary padding) at -inf, in place (a
+    slice would copy them): they take no probability and get no gradient."""
     if tokens is not None and tokens < logits.shape[-1]:
-        logits[:, tokens:] = float("-inf")
+        logits[..., tokens:] = float("-inf")
     return logits
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, tokens: int | None) -> torch.Tensor:
+    """fp32 logits of a chunk, its vocabulary padding masked."""
+    return mask_padding((hidden @ weight.t()).float(), tokens)
 
 
 def _counted_tokens(labels: torch.Tensor) -> torch.Tensor:
@@ -323,14 +327,6 @@ def _chunked_cross_entropy(
 
 
 # ----------------------------------------------------------- the losses from the whole logits
-def mask_padding(logits: torch.Tensor, tokens: int | None) -> torch.Tensor:
-    """`logits` with the columns from `tokens` on (vocabulary padding) at -inf, in place: a
-    slice would copy them."""
-    if tokens is not None and tokens < logits.shape[-1]:
-        logits[..., tokens:] = float("-inf")
-    return logits
-
-
 def full_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, tokens: int | None, reduction: str = "mean"
 ) -> torch.Tensor:
@@ -361,8 +357,8 @@ class LossHead(torch.nn.Linear):
     """GPT-2's LM head: logits as usual, or, given `targets`, their mean cross-entropy."""
 
     kind: str = "chunked"  # how the loss is taken: gpt2.LOSS_KINDS (build_model sets it)
-    chunk_rows: int | None = None  # tokens per chunk; None: chunked_loss.chunk_rows
-    grad_block: int | None = None  # tokens per gathered gradient; None: chunked_loss.block_rows
+    chunk_rows: int | None = None  # tokens per chunk; None: chunk_rows
+    grad_block: int | None = None  # tokens per gathered gradient; None: block_rows
     tokens: int | None = None  # the real vocabulary when the rows are padded beyond it
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
