@@ -21,13 +21,17 @@ from gpt_ds.data.tokenizer import get_encoding
 from gpt_ds.model.gpt2 import (
     LOSS_KINDS,
     ModelShape,
-    build_model,
     checkpoint_vocab,
     lm_loss,
     padded_vocab,
     unpadded,
 )
-from gpt_ds.model.training_model import FUSED_ENV, IGNORE_INDEX, chunked_cross_entropy
+from gpt_ds.model.training_model import (
+    FUSED_ENV,
+    IGNORE_INDEX,
+    build_model,
+    chunked_cross_entropy,
+)
 
 TEXT = (
     "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First "

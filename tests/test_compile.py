@@ -19,7 +19,8 @@ from torch.profiler import ProfilerActivity, profile
 from gpt_ds.base.phases import PHASE_PREFIX
 from gpt_ds.dsconfig.settings import MachineFacts
 from gpt_ds.launch.machine import compile_blocker
-from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, build_model, padded_vocab
+from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, padded_vocab
+from gpt_ds.model.training_model import build_model
 from gpt_ds.observe.metrics_file import read_metrics
 from gpt_ds.run.config import parse_args
 from gpt_ds.run.plan import run_choices

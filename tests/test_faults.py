@@ -662,7 +662,7 @@ def test_resume_on_another_world_size(name, refs, launch, shakespeare_dir, tmp_p
         "error: resuming iter_4 changes the batch: world size 2 -> 1\n"
         "  global batch 2 -> 1 sequences per step (128 -> 64 tokens); the 4 steps so far saw "
         "512 tokens\n"
-        "  data: the global stream goes on where it stopped, each step its next 1 sequences "
+        "  data: the global stream goes on where it stopped, each step its next 1 sequence "
         "split among 1 rank: the same order of sequences, 2 -> 1 a step\n"
         "  a resume is exact only with the saved batch: resume with 2 ranks, "
         "--micro_batch_size 1 --grad_accum 1; to accept the change, pass --allow_batch_change"

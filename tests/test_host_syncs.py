@@ -14,7 +14,8 @@ from transformers import GPT2LMHeadModel
 from transformers.activations import GELUTanh, NewGELUActivation
 
 from gpt_ds.base.phases import FORWARD, STEP
-from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, build_model, gpt2_config
+from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, gpt2_config
+from gpt_ds.model.training_model import build_model
 from gpt_ds.observe.host_syncs import SYNC_PREFIX, marking_syncs
 from gpt_ds.observe.step_ops import LOCAL_SCALAR, count_step_ops
 

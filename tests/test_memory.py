@@ -44,10 +44,10 @@ from gpt_ds.memory.picker import Hardware, candidate_name, choose_preset, preset
 from gpt_ds.model.gpt2 import (
     MODEL_PRESETS,
     ModelShape,
-    build_model,
     enable_activation_checkpointing,
     padded_vocab,
 )
+from gpt_ds.model.training_model import build_model, chunked_cross_entropy
 
 XL = MODEL_PRESETS["gpt2-xl"]
 SHAPES = {
@@ -405,8 +405,13 @@ XL_ARGS += ["--cpu_memory_gb", "256", "--global_batch_size", "64", "--precision"
 
 
 def test_cli_table():
-    out = subprocess.run(PICK + XL_ARGS, capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert out.returncode == 0, out.stderr
+    """The table and its recommendation, without loading transformers: the picker is the
+    memory model's arithmetic, which reads model/gpt2.py only (transformers takes seconds)."""
+    cmd = [sys.executable, "-X", "importtime", *PICK[1:], *XL_ARGS]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
+    assert "torch" in imported and "transformers" not in imported
     text = out.stdout
     for want in (
         "candidate",
@@ -536,8 +541,6 @@ def test_the_chunked_loss_peaks_where_its_formula_says(precision):
     to 2%; in bf16 on CPU plus ATen's fp32 temporary for the cast (CPU_CAST_EXCESS). Four
     chunks of 128 tokens, each its own block as on a GPU; 32 wide, so the accumulator is an
     eighth of a chunk."""
-    from gpt_ds.model.training_model import chunked_cross_entropy
-
     dtype, w = (torch.bfloat16, 2) if precision == "bf16" else (torch.float32, 4)
     vocab, width, rows, tokens = 50304, 32, 128, 512
     torch.manual_seed(0)

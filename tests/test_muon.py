@@ -18,7 +18,8 @@ from gpt_ds.checkpoint.manifest import Manifest
 from gpt_ds.checkpoint.tags import CheckpointRef
 from gpt_ds.dsconfig.muon import MUON_DEFAULTS, split_line
 from gpt_ds.launch.machine import probe_machine
-from gpt_ds.model.gpt2 import build_model, is_muon_matrix, resolve_shape
+from gpt_ds.model.gpt2 import is_muon_matrix, resolve_shape
+from gpt_ds.model.training_model import build_model
 from gpt_ds.run.config import parse_args
 from gpt_ds.run.plan import check_optimizer, plan_run
 

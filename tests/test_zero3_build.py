@@ -8,7 +8,8 @@ import torch
 from harness.launch import run_deepspeed
 from support.launch import tiny_run_args
 
-from gpt_ds.model.gpt2 import build_model, padded_vocab, resolve_shape
+from gpt_ds.model.gpt2 import padded_vocab, resolve_shape
+from gpt_ds.model.training_model import build_model
 
 
 @pytest.mark.slow

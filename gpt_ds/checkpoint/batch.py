@@ -104,12 +104,13 @@ def batch_change_lines(manifest: Manifest, now: Batch) -> list[str]:
 def global_stream_line(saved: Batch, now: Batch) -> str:
     """Where the global stream goes on, in words."""
     ranks = f"{now.world_size} rank{'s' if now.world_size != 1 else ''}"
-    line = f"data: the global stream goes on where it stopped, each step its next {now.sequences}"
+    sequences = f"{now.sequences} sequence{'s' if now.sequences != 1 else ''}"
+    line = f"data: the global stream goes on where it stopped, each step its next {sequences}"
     if saved.sequences == now.sequences:
         why = "the same sequences as without the change (gradients equal to float rounding)"
     else:
         why = f"the same order of sequences, {saved.sequences} -> {now.sequences} a step"
-    return f"{line} sequences split among {ranks}: {why}"
+    return f"{line} split among {ranks}: {why}"
 
 
 def check_batch(manifest: Manifest, now: Batch, allowed: bool) -> list[str]:

@@ -31,7 +31,7 @@ from typing import Any
 from gpt_ds.base.errors import ConfigError
 from gpt_ds.dsconfig.optimization import steps_fused_adam
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
-from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, is_muon_matrix, shape_problems
+from gpt_ds.model.gpt2 import LOSS_KINDS, ModelShape, chunk_rows, is_muon_matrix, shape_problems
 
 # What of a run costs memory besides the model: the zero_optimization sizes (`ZeroSettings`,
 # from a DeepSpeed config or preset) and the run itself (`DeepSpeedRun`).
@@ -662,10 +662,10 @@ def zero3_layout(shape: ModelShape, world: int, settings: ZeroSettings) -> Zero3
 
 # Saved activations per layer per (sequence position x batch x width), in bytes at 16 bits.
 # Korthikanti et al. 2022 count 34 (+ 5*a*s/h for the attention matrix). Measured on this
-# code's GPT2LMHeadModel (SDPA, dropout 0, torch's tanh GELU: model/gpt2.py use_fused_gelu)
-# with saved-tensor hooks: 36. With dropout 0 no masks are kept (-2); SDPA keeps q, k, v and
-# its output (+2); the GELU keeps its 4h-wide input, as Korthikanti count (transformers'
-# own "gelu_new" keeps four such tensors: 60).
+# code's GPT2LMHeadModel (SDPA, dropout 0, torch's tanh GELU: model/training_model.py
+# use_fused_gelu) with saved-tensor hooks: 36. With dropout 0 no masks are kept (-2); SDPA
+# keeps q, k, v and its output (+2); the GELU keeps its 4h-wide input, as Korthikanti count
+# (transformers' own "gelu_new" keeps four such tensors: 60).
 ACT_BYTES_PER_SBH_16BIT = 36
 # SDPA (flash / memory-efficient kernels, on GPU and CPU) never materialises the a x s x s
 # attention matrix: it keeps a log-sum-exp of a*s fp32 values. Eager attention would add
@@ -692,8 +692,6 @@ def chunked_loss_bytes(shape: ModelShape, micro_batch_size: int, precision: str)
     over-estimate there), and a micro-batch of one chunk, which accumulates nothing, is counted
     as if it did (an over-estimate, which keeps the picker's memory linear in the micro-batch).
     """
-    from gpt_ds.model.training_model import chunk_rows  # its kernels load with the model
-
     tokens, vocab = micro_batch_size * shape.block_size, shape.vocab_size
     rows = min(chunk_rows(vocab), tokens)
     return chunked_loss_parts(tokens, vocab, shape.n_embd, PRECISION_BYTES[precision], rows)

@@ -1,4 +1,4 @@
-"""The model gpt_ds trains, and the LM loss its head takes.
+"""The model gpt_ds builds and trains, and the LM loss its head takes.
 
 `GPT2TrainingModel` is `GPT2LMHeadModel` whose forward also takes `targets` and then returns the
 mean LM loss instead of the logits, taken the head's `kind` way (`--loss`):
@@ -13,7 +13,9 @@ Same modules, parameter names and weights as GPT-2 (checkpoints and exports are 
 the head's forward learns a second use. The loss is computed inside `lm_head`'s own forward so
 that under ZeRO-3 its weight (the tied embedding) is gathered for it as for the plain head, and
 the call goes through the DeepSpeed engine and the top-level forward, whose hooks ZeRO-3 needs.
-Imported lazily (transformers is slow to import).
+`build_model` builds it, or a plain `GPT2LMHeadModel` for evaluation and export, with the
+attention and GELU gpt_ds trains with. Imported lazily (transformers is slow to import): what
+the plan and the memory model need to know of GPT-2 is in gpt2.py.
 
 **The chunked loss.** On GPT-2 the LM head (hidden × 50257-row tied embedding) gives by far the
 largest activation of a step: tokens × vocab logits, which autograd keeps (in fp32 once
@@ -24,17 +26,11 @@ logits exists at a time, and backward keeps only the two gradients (tokens × wi
 width), not the logits. The softmax runs in fp32 as in `GPT2LMHeadModel`'s own loss (which
 upcasts the logits), and the gradients are cast to the hidden states' dtype before the
 matmuls, as autograd does there: same value and gradients to float rounding.
-
-**The losses from the whole logits.** DeepSpeed's keeps the 16-bit logits and one fp32
-log-sum-exp per token for backward and writes the logits' gradient in their own dtype: no fp32
-(tokens x vocab) tensor, where the full path keeps an fp32 log-softmax and makes two more fp32
-tensors of that size in backward (memory/estimate.py `logit_bytes`). Both mask the padding rows
-of a padded vocabulary (`tokens` on) to -inf in place, so they take no probability and get no
-gradient, as the chunked loss does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -44,13 +40,17 @@ from torch.autograd.profiler import record_function
 from transformers import GPT2LMHeadModel
 
 from gpt_ds.base.phases import LOSS
+from gpt_ds.model.gpt2 import (
+    LOSS_KINDS,
+    ModelShape,
+    chunk_rows,
+    deepspeed_cross_entropy,
+    full_cross_entropy,
+    gpt2_config,
+    mask_padding,
+)
 
 IGNORE_INDEX = -100
-# fp32 logits per chunk. CPU: 16 MiB (~80 tokens of GPT-2's vocabulary) measured fastest here
-# (benchmarks/throughput.py: 64 MiB was 13% slower and 0.1 GiB larger, 4 MiB slower again; the
-# chunk stays in cache). GPU: 256 MiB (~1,300 tokens), so that each chunk's three matmuls are
-# large enough to keep the GPU busy between launches; not yet measured on a GPU.
-CHUNK_LOGIT_BYTES = {"cpu": 16 << 20, "gpu": 256 << 20}
 
 
 # 16-bit logit gradients gathered over several chunks before the head's two gradient matmuls
@@ -69,13 +69,6 @@ CHUNKS_ENV = "GPT_DS_LOSS_CHUNKS"
 # 6.5 fp32-equivalent passes (benchmarks/chunked_loss.py counts them). One graph per chunk
 # length: the last, shorter chunk adds one.
 FUSED_ENV = "GPT_DS_LOSS_FUSED"
-
-
-def chunk_rows(vocab_size: int, device_type: str = "cuda") -> int:
-    """Tokens per chunk on a device of `device_type` ("cpu", "cuda", ...): one chunk's fp32
-    logits fit in CHUNK_LOGIT_BYTES."""
-    budget = CHUNK_LOGIT_BYTES["cpu" if device_type == "cpu" else "gpu"]
-    return max(1, budget // (4 * vocab_size))
 
 
 def block_rows(vocab_size: int, rows: int, dtype: torch.dtype, device_type: str = "cuda") -> int:
@@ -97,14 +90,6 @@ class _Chunking:
     rows: int
     block: int
     tokens: int | None
-
-
-def mask_padding(logits: torch.Tensor, tokens: int | None) -> torch.Tensor:
-    """`logits` with the columns from `tokens` on (vocabulary padding) at -inf, in place (a
-    slice would copy them): they take no probability and get no gradient."""
-    if tokens is not None and tokens < logits.shape[-1]:
-        logits[..., tokens:] = float("-inf")
-    return logits
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, tokens: int | None) -> torch.Tensor:
@@ -326,32 +311,6 @@ def _chunked_cross_entropy(
     return _summed_loss(hidden, weight, labels, rows, tokens) / _counted_tokens(labels)
 
 
-# ----------------------------------------------------------- the losses from the whole logits
-def full_cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, tokens: int | None, reduction: str = "mean"
-) -> torch.Tensor:
-    """Cross-entropy of (..., V) `logits` upcast to fp32 against `targets` (-100 not counted);
-    `tokens`: the real vocabulary when V is padded beyond it."""
-    logits = mask_padding(logits.float(), tokens)
-    return F.cross_entropy(
-        logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction
-    )
-
-
-@torch.compiler.disable  # its own kernels; dynamo of torch 2.11 fails inside its version check
-def deepspeed_cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, tokens: int | None
-) -> torch.Tensor:
-    """Mean cross-entropy of (..., V) `logits` by DeepSpeed's `chunked_cross_entropy` (a
-    Triton kernel on CUDA, blocks of rows in PyTorch elsewhere), in fp32 from the logits as
-    they are; `tokens` as in `full_cross_entropy`. Run eagerly under --compile: a compiled
-    model breaks its graph here, as at the chunked loss."""
-    from deepspeed.runtime.chunked_cross_entropy import chunked_cross_entropy
-
-    logits = mask_padding(logits.view(-1, logits.size(-1)), tokens)  # (B*T, V)
-    return chunked_cross_entropy(logits, targets.reshape(-1))
-
-
 # ------------------------------------------------------------------------ the head and the model
 class LossHead(torch.nn.Linear):
     """GPT-2's LM head: logits as usual, or, given `targets`, their mean cross-entropy."""
@@ -399,3 +358,107 @@ class GPT2TrainingModel(GPT2LMHeadModel):
             return super().forward(input_ids=input_ids, **kwargs)
         hidden = self.transformer(input_ids=input_ids, use_cache=False).last_hidden_state
         return self.lm_head(hidden, targets)
+
+
+# ------------------------------------------------------------------------------- building
+# GPT-2's attention as gpt_ds trains it: transformers' own SDPA function under a name of its
+# own. transformers builds no mask for an attention implementation without a mask function
+# registered; for "sdpa" it checks, every forward, whether the position ids GPT2Model makes
+# are packed sequences (`.all()`: a host sync), and under torch.compile builds a (B,1,T,T)
+# mask and takes non-causal SDPA. gpt_ds trains on whole windows (no padding, no packing), so
+# SDPA's causal flag is the whole mask: the same kernel, no mask, no sync, eager or compiled.
+CAUSAL_SDPA = "gpt_ds_causal_sdpa"
+
+
+def register_causal_sdpa() -> str:
+    """Register CAUSAL_SDPA with transformers (idempotent); its name."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)
+    return CAUSAL_SDPA
+
+
+def use_fused_gelu(model) -> None:
+    """Give every block torch's tanh GELU where GPT-2 says "gelu_new".
+
+    transformers' "gelu_new" is a Python expression (NewGELUActivation): 8 kernels forward and
+    ~12 backward per layer over tokens x 4 x width, four such tensors kept for backward. torch's
+    `F.gelu(approximate="tanh")` is the same function in one kernel each way, keeping only its
+    input (to fp32 rounding; closer than gelu_new's own bf16 steps). Swapped in the modules,
+    not the config: the weights, config.json and every export stay GPT-2's.
+    """
+    from transformers.activations import ACT2FN
+
+    if model.config.activation_function == "gelu_new":
+        for block in model.transformer.h:
+            block.mlp.act = ACT2FN["gelu_pytorch_tanh"]
+
+
+def fresh_model(cls: type, config, zero3_config: dict | None = None) -> torch.nn.Module:
+    """`cls(config)` with GPT-2's initialisation, drawn once from the caller's seed (no
+    throw-away draws in the constructors); built partitioned when `zero3_config` is given
+    (zero3.py: no rank holds it whole), with the same weights as an unpartitioned build."""
+    from transformers.initialization import no_init_weights
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(no_init_weights())
+        if zero3_config is not None:
+            import deepspeed
+
+            stack.enter_context(deepspeed.zero.Init(config_dict_or_path=zero3_config))
+        model = cls(config)
+    with torch.no_grad():
+        if zero3_config is None:
+            model.initialize_weights()
+        else:
+            from gpt_ds.model.zero3 import initialize_weights_zero3  # only a ZeRO-3 build
+
+            initialize_weights_zero3(model)
+    model.tie_weights()
+    return model
+
+
+def build_model(
+    shape: ModelShape,
+    dropout: float = 0.0,
+    init_from: str = "scratch",
+    loss: str | None = None,
+    zero3_config: dict | None = None,
+):
+    """A `GPT2LMHeadModel`: freshly initialised, or loaded from a Hugging Face directory/name,
+    with causal SDPA attention that builds no mask (CAUSAL_SDPA: whole windows only) and
+    torch's fused tanh GELU (`use_fused_gelu`).
+
+    With a `loss` kind (LOSS_KINDS) it is GPT2TrainingModel, the same model whose forward also
+    computes the loss that way (gpt2.py `lm_loss`). `init_from` other than
+    "scratch" is passed to `from_pretrained`; the hub is only reached where the machine can,
+    so offline clusters pass a local directory. With a ZeRO-3 DeepSpeed config the model is
+    built partitioned (zero3.py): no rank ever holds it whole.
+    """
+    if loss not in (None, *LOSS_KINDS):
+        raise ValueError(f"loss {loss!r}: expected one of {LOSS_KINDS} or None")
+    cls = GPT2LMHeadModel if loss is None else GPT2TrainingModel
+    attention = register_causal_sdpa()
+    if zero3_config is not None:
+        from gpt_ds.model import zero3  # only a ZeRO-3 build
+    if init_from == "scratch":
+        cfg = gpt2_config(shape, dropout)
+        cfg._attn_implementation = attention
+        model = fresh_model(cls, cfg, zero3_config)
+    else:
+        loading = contextlib.nullcontext() if zero3_config is None else zero3.hf_zero3(zero3_config)
+        with loading:  # under ZeRO-3, transformers fills the shards as it reads the weights
+            model = cls.from_pretrained(
+                init_from,
+                attn_implementation=attention,
+                resid_pdrop=dropout,
+                embd_pdrop=dropout,
+                attn_pdrop=dropout,
+            )
+    use_fused_gelu(model)
+    if loss is not None:
+        head = model.lm_head
+        assert isinstance(head, LossHead), type(head)  # GPT2TrainingModel's own head
+        head.kind = loss
+    return model

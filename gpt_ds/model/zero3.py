@@ -7,7 +7,7 @@ then initialised the way transformers does it under its DeepSpeed integration: m
 each module's parameters gathered, rank 0 drawing the values, then re-partitioned. Pretrained
 weights go through transformers' own ZeRO-3 loading (`hf_zero3`).
 
-gpt2.py's `fresh_model` builds without transformers' constructor-time init (under
+training_model.py's `fresh_model` builds without transformers' constructor-time init (under
 `deepspeed.zero.Init` here) and then initialises once from the caller's seed
 (`initialize_weights_zero3` here), so the partitioned model's weights equal an unpartitioned
 build's with the same seed (the RNG draws the same values in the same order on rank 0).

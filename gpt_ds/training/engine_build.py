@@ -24,7 +24,6 @@ from gpt_ds.base.errors import CheckpointError, GptDsError
 from gpt_ds.dsconfig.optimization import wsd_scheduler
 from gpt_ds.dsconfig.resolve import ResolvedDsConfig
 from gpt_ds.model.gpt2 import (
-    build_model,
     count_params,
     enable_activation_checkpointing,
     param_groups,
@@ -170,6 +169,8 @@ def compile_engine(engine, blocker: str | None) -> str:
 def build_engine(plan: RunPlan):
     """The DeepSpeed engine over a freshly built (or pretrained) GPT-2."""
     import deepspeed
+
+    from gpt_ds.model.training_model import build_model  # transformers: after the plan
 
     cfg, shape, ds, init = plan.cfg, plan.shape, plan.ds, plan.init
 

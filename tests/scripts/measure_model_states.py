@@ -1,15 +1,16 @@
 """Measure the model-state bytes each rank of a live DeepSpeed engine holds; print with predictions.
 
 Launched by tests/test_memory_measured.py through `deepspeed --num_gpus N`. For each
-`STAGE:PRECISION[:muon]` in --configs it builds a fresh GPT-2 (gpt_ds.model.gpt2.build_model),
-runs `deepspeed.initialize` with an inline config (torch's AdamW, as gpt_ds picks on CPU ranks,
-so no FusedAdam is built; or Muon with gpt_ds's split and groups; no "auto"), takes one full
-step so the optimizer has its state, then on a second step measures twice with
-gpt_ds.memory.measured_model_state_bytes: after backward, and from inside the inner optimizer's
-step (when the fp32 gradient partition exists; the largest of the calls, as DeepSpeed steps
-param groups or sub-groups one at a time). Each rank prints one line per config to
---out_dir/rank{R}.jsonl (one file per rank: launcher output interleaves) with both measurements
-and gpt_ds.memory.estimate_run's prediction for that rank (`phase_bytes`).
+`STAGE:PRECISION[:muon]` in --configs it builds a fresh GPT-2
+(gpt_ds.model.training_model.build_model), runs `deepspeed.initialize` with an inline config
+(torch's AdamW, as gpt_ds picks on CPU ranks, so no FusedAdam is built; or Muon with gpt_ds's
+split and groups; no "auto"), takes one full step so the optimizer has its state, then on a
+second step measures twice with gpt_ds.memory.measured_model_state_bytes: after backward, and
+from inside the inner optimizer's step (when the fp32 gradient partition exists; the largest of
+the calls, as DeepSpeed steps param groups or sub-groups one at a time). Each rank prints one
+line per config to --out_dir/rank{R}.jsonl (one file per rank: launcher output interleaves)
+with both measurements and gpt_ds.memory.estimate_run's prediction for that rank
+(`phase_bytes`).
 
 A step is one sequence of 16 tokens by default: model states do not depend on the tokens, and
 on CPUs without AVX-512 BF16 bf16 is emulated, so every token costs.
@@ -29,7 +30,8 @@ import torch.distributed as tdist
 from gpt_ds.base.dist import skip_cpu_shm_op
 from gpt_ds.memory.estimate import DeepSpeedRun, MemoryEstimate, ZeroSettings, estimate_run
 from gpt_ds.memory.measure import measured_model_state_bytes
-from gpt_ds.model.gpt2 import build_model, param_groups, resolve_shape
+from gpt_ds.model.gpt2 import param_groups, resolve_shape
+from gpt_ds.model.training_model import build_model
 from gpt_ds.training.engine_build import gpt2_muon_split
 
 REDUCE_BUCKET = 5_000_000  # small: the buckets are not measured, and CPU RAM is shared
