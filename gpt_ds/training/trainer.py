@@ -6,10 +6,10 @@ final evaluation and the `final` checkpoint). Everything the run learns as it go
 best validation loss and its tag) lives on the object, and goes into every checkpoint.
 
 Beside it, the loop's own parts, each with a comment block saying why: `EarlyStop` (the
-plateau rule), `SaveClock` / `Agreed`
-(--save_every_minutes, agreed in the step's vote), `PendingSteps` / `LogWindow` (each step's
-loss and gradient norm kept on the device until the host must read them). A stop asked from
-outside (signals, a vanished launcher) is base/processes.py's `StopRequest`.
+plateau rule), `SaveClock` / `Agreed` (--save_every_minutes, agreed in the step's vote),
+`PendingSteps` / `LogWindow` (each step's loss and gradient norm kept on the device until the
+host must read them). A stop asked from outside (signals, a vanished launcher) is
+base/processes.py's `StopRequest`.
 """
 
 from __future__ import annotations
