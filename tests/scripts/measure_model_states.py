@@ -25,6 +25,7 @@ from pathlib import Path
 
 import deepspeed
 import torch
+import torch._dynamo
 import torch.distributed as tdist
 
 from gpt_ds.base.dist import skip_cpu_shm_op
@@ -35,6 +36,11 @@ from gpt_ds.model.training_model import build_model
 from gpt_ds.training.engine_build import gpt2_muon_split
 
 REDUCE_BUCKET = 5_000_000  # small: the buckets are not measured, and CPU RAM is shared
+# DeepSpeed's Muon runs its Newton-Schulz through torch.compile: on CPU ranks ~9 CPU s a config
+# (inductor builds C++ for each shape and dtype), and nothing measured here (the tensors the
+# optimizer keeps, not its step's transients) depends on it. tests/test_faults.py's Muon runs
+# train it compiled, as a user's run does.
+torch._dynamo.config.disable = True
 
 
 MUON = {"type": "Muon", "params": {"lr": 1e-4, "muon_lr": 0.02, "momentum": 0.95}}

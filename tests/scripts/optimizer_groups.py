@@ -10,6 +10,13 @@ import json
 import sys
 
 import torch
+import torch._dynamo
+
+# DeepSpeed's Muon runs its Newton-Schulz through torch.compile: on CPU ranks ~9 CPU s a config
+# (inductor builds C++ for each shape and dtype), and nothing read here (the groups, the loss
+# falling, the momentum kept) depends on it. tests/test_faults.py's Muon runs train it compiled,
+# as a user's run does.
+torch._dynamo.config.disable = True
 
 
 def main() -> None:
