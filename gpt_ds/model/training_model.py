@@ -37,9 +37,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.autograd.profiler import record_function
-from transformers import GPT2LMHeadModel
+from transformers import AttentionInterface, GPT2LMHeadModel
+from transformers.activations import ACT2FN
+from transformers.initialization import no_init_weights
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from gpt_ds.base.phases import LOSS
+from gpt_ds.model import zero3
 from gpt_ds.model.gpt2 import (
     LOSS_KINDS,
     ModelShape,
@@ -372,9 +376,6 @@ CAUSAL_SDPA = "gpt_ds_causal_sdpa"
 
 def register_causal_sdpa() -> str:
     """Register CAUSAL_SDPA with transformers (idempotent); its name."""
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)
     return CAUSAL_SDPA
 
@@ -388,8 +389,6 @@ def use_fused_gelu(model) -> None:
     input (to fp32 rounding; closer than gelu_new's own bf16 steps). Swapped in the modules,
     not the config: the weights, config.json and every export stay GPT-2's.
     """
-    from transformers.activations import ACT2FN
-
     if model.config.activation_function == "gelu_new":
         for block in model.transformer.h:
             block.mlp.act = ACT2FN["gelu_pytorch_tanh"]
@@ -399,8 +398,6 @@ def fresh_model(cls: type, config, zero3_config: dict | None = None) -> torch.nn
     """`cls(config)` with GPT-2's initialisation, drawn once from the caller's seed (no
     throw-away draws in the constructors); built partitioned when `zero3_config` is given
     (zero3.py: no rank holds it whole), with the same weights as an unpartitioned build."""
-    from transformers.initialization import no_init_weights
-
     with contextlib.ExitStack() as stack:
         stack.enter_context(no_init_weights())
         if zero3_config is not None:
@@ -412,9 +409,7 @@ def fresh_model(cls: type, config, zero3_config: dict | None = None) -> torch.nn
         if zero3_config is None:
             model.initialize_weights()
         else:
-            from gpt_ds.model.zero3 import initialize_weights_zero3  # only a ZeRO-3 build
-
-            initialize_weights_zero3(model)
+            zero3.initialize_weights_zero3(model)
     model.tie_weights()
     return model
 
@@ -440,8 +435,6 @@ def build_model(
         raise ValueError(f"loss {loss!r}: expected one of {LOSS_KINDS} or None")
     cls = GPT2LMHeadModel if loss is None else GPT2TrainingModel
     attention = register_causal_sdpa()
-    if zero3_config is not None:
-        from gpt_ds.model import zero3  # only a ZeRO-3 build
     if init_from == "scratch":
         cfg = gpt2_config(shape, dropout)
         cfg._attn_implementation = attention
