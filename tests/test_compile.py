@@ -43,16 +43,18 @@ def test_compiling_leaves_dynamos_suppress_errors_alone():
     later is torch's to report: `suppress_errors` keeps its value. `nn.Module.compile` is the
     in-place compile `engine.compile()` does for DeepSpeed's module."""
     before = torch._dynamo.config.suppress_errors
-    line = compile_engine(torch.nn.Linear(4, 4), compile_blocker("cpu"))
+    compiled, line = compile_engine(torch.nn.Linear(4, 4), compile_blocker("cpu"))
     assert torch._dynamo.config.suppress_errors == before, line
-    assert "compiled by torch.compile" in line or line.startswith("WARNING: --compile"), line
+    assert compiled == ("compiled by torch.compile" in line), line
+    assert compiled or line.startswith("WARNING: --compile"), line
 
 
 def test_a_machine_that_cannot_compile_warns_that_it_trains_eager(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-c++")
     monkeypatch.setenv("PATH", "/nonexistent")
     before = torch._dynamo.config.suppress_errors
-    line = compile_engine(torch.nn.Linear(4, 4), compile_blocker("cpu"))
+    compiled, line = compile_engine(torch.nn.Linear(4, 4), compile_blocker("cpu"))
+    assert not compiled
     assert line.startswith("WARNING: --compile: cannot compile, the run trains eager: "), line
     assert "C++ compiler" in line and "no-such-c++" in line
     assert torch._dynamo.config.suppress_errors == before

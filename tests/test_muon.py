@@ -120,13 +120,19 @@ def test_the_engine_gives_muon_the_hidden_matrices_and_adamw_the_rest(
 ):
     """2 CPU ranks: the engine's groups, as the ZeRO optimizer holds them, are GPT-2's split:
     every attention and MLP weight in the one Muon group (its weight decay), wte and wpe in
-    AdamW's decayed group, biases and LayerNorms in AdamW's undecayed one; it trains, and
-    Muon's momentum is kept."""
+    AdamW's decayed group, biases and LayerNorms in AdamW's undecayed one; it trains, Muon's
+    momentum is kept, and nothing is compiled in a run that trains eager."""
     out = tmp_path / "groups.json"
     args = tiny_run_args(shakespeare_dir, tmp_path / "run", deepspeed_config=preset)
     args += ["--optimizer", "muon", "--groups_json", str(out)]
-    run_deepspeed(args, num_gpus=2, script=REPO / "tests" / "scripts" / "optimizer_groups.py")
+    proc = run_deepspeed(
+        args, num_gpus=2, script=REPO / "tests" / "scripts" / "optimizer_groups.py"
+    )
     found = json.loads(out.read_text())
+    # CPU ranks train eager (--compile auto), and so does Muon's Newton-Schulz, which DeepSpeed
+    # compiles: no inductor build at the first step, none that needs a C++ compiler
+    assert found["compiled_graphs"] == 0, found["compiled_graphs"]
+    assert "Muon: its Newton-Schulz runs eager, as the model" in proc.stdout, proc.stdout[-3000:]
     by_name = {group["name"]: group for group in found["groups"]}
     assert list(by_name) == ["hidden-muon-params", "embeddings-adam-params", "vectors-adam-params"]
     layers = range(resolve_shape("gpt2-tiny").n_layer)

@@ -101,7 +101,8 @@ class RunConfig:
         "auto",
         "torch.compile the model through the DeepSpeed engine: on, off, or auto (on GPUs; off "
         "on CPU ranks, where it gained nothing measured). --compile alone: on. The first "
-        "iteration compiles; where inductor cannot work, the run trains eager and says why.",
+        "iteration compiles; where inductor cannot work, the run trains eager and says why. A "
+        "run that trains eager compiles nothing, DeepSpeed's Muon Newton-Schulz included.",
         choices=("auto", "on", "off"),
         const="on",
         bool_values=("off", "on"),  # a saved false / true replays as off / on

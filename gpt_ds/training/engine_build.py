@@ -153,17 +153,37 @@ def make_sync_free(engine: Any, precision: str) -> str:
 #   matmuls that compile would only unroll; the graph breaks before it.
 
 
-def compile_engine(engine, blocker: str | None) -> str:
+def compile_engine(engine, blocker: str | None) -> tuple[bool, str]:
     """Compile the engine's module unless the machine cannot (`blocker`, the plan's); returns
-    the line for the log: compiled, or a WARNING saying why not and that the run trains eager."""
+    whether it did, and the line for the log: compiled, or a WARNING saying why not and that
+    the run trains eager."""
     if blocker is None:
         try:
             engine.compile()
         except (RuntimeError, ValueError) as exc:
             blocker = f"engine.compile() refused: {exc}"
     if blocker is not None:
-        return f"WARNING: --compile: cannot compile, the run trains eager: {blocker}"
-    return "--compile: model compiled by torch.compile (inductor); the first iteration compiles"
+        return False, f"WARNING: --compile: cannot compile, the run trains eager: {blocker}"
+    line = "--compile: model compiled by torch.compile (inductor); the first iteration compiles"
+    return True, line
+
+
+# A run whose model trains eager compiles nothing else either. DeepSpeed's Muon runs its
+# Newton-Schulz through torch.compile (deepspeed/runtime/zero/muon/original_muon.py,
+# `zeropower_via_newtonschulz5`): left on, it builds inductor kernels at the first optimizer
+# step of a run that chose eager: C++ on CPU ranks (~25 CPU s for each shape and dtype, cold), and
+# an InductorError, not a warning, where the machine has no C++ compiler (or, on a GPU, no
+# Triton): the `compile_blocker` the plan named. So where the model is not compiled, dynamo is
+# off for the rank's process (`torch._dynamo.config.disable`, read at each frame), and Muon's
+# Newton-Schulz runs eager, as the model does.
+def run_eager(muon: bool) -> str | None:
+    """Turn torch.compile off for this process; the start-up line saying so for a Muon run."""
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True
+    if muon:
+        return "Muon: its Newton-Schulz runs eager, as the model (torch.compile off for this run)"
+    return None
 
 
 def build_engine(plan: RunPlan):
@@ -210,8 +230,12 @@ def build_engine(plan: RunPlan):
         dist.print0(groups_line(optimizer_groups(engine)))
     if line := make_sync_free(engine, ds.precision):
         dist.print0(line)
+    compiled = False
     if plan.choices.compile:
-        dist.print0(compile_engine(engine, plan.choices.compile_blocker))
+        compiled, line = compile_engine(engine, plan.choices.compile_blocker)
+        dist.print0(line)
+    if not compiled and (eager := run_eager(muon)):
+        dist.print0(eager)
     return engine
 
 

@@ -36,10 +36,10 @@ from gpt_ds.model.training_model import build_model
 from gpt_ds.training.engine_build import gpt2_muon_split
 
 REDUCE_BUCKET = 5_000_000  # small: the buckets are not measured, and CPU RAM is shared
-# DeepSpeed's Muon runs its Newton-Schulz through torch.compile: on CPU ranks ~9 CPU s a config
-# (inductor builds C++ for each shape and dtype), and nothing measured here (the tensors the
-# optimizer keeps, not its step's transients) depends on it. tests/test_faults.py's Muon runs
-# train it compiled, as a user's run does.
+# DeepSpeed's Muon runs its Newton-Schulz through torch.compile; a gpt_ds run that trains eager
+# turns torch.compile off (engine_build.run_eager), and so does this script, which builds its
+# engines itself: inductor's C++ build cost ~9 CPU s a config, and nothing measured here (the
+# tensors the optimizer keeps) depends on it.
 torch._dynamo.config.disable = True
 
 

@@ -1,8 +1,8 @@
 """Build a run's engine as gpt_ds/train.py does (plan_run, build_engine), train four steps and
 write, from rank 0, the optimizer's groups as the engine holds them, the losses and the norm of
-Muon's committed momentum (rank 0's part), as JSON:
-what tests/test_muon.py compares with GPT-2's Muon split. Arguments: train.py's flags, then
-`--groups_json PATH`."""
+Muon's committed momentum (rank 0's part) and how many graphs torch.compile built in the
+rank, as JSON: what tests/test_muon.py compares with GPT-2's Muon split. Arguments:
+train.py's flags, then `--groups_json PATH`."""
 
 from __future__ import annotations
 
@@ -10,13 +10,7 @@ import json
 import sys
 
 import torch
-import torch._dynamo
-
-# DeepSpeed's Muon runs its Newton-Schulz through torch.compile: on CPU ranks ~9 CPU s a config
-# (inductor builds C++ for each shape and dtype), and nothing read here (the groups, the loss
-# falling, the momentum kept) depends on it. tests/test_faults.py's Muon runs train it compiled,
-# as a user's run does.
-torch._dynamo.config.disable = True
+from torch._dynamo.utils import counters
 
 
 def main() -> None:
@@ -51,7 +45,9 @@ def main() -> None:
     momentum = sum(m.float().norm().item() ** 2 for m in momenta) ** 0.5
     if dist.is_main():
         with open(out, "w") as f:
-            json.dump({"groups": groups, "losses": losses, "momentum_norm": momentum}, f)
+            graphs = counters["stats"]["unique_graphs"]  # dynamo's own count, this process
+            found = {"groups": groups, "losses": losses, "momentum_norm": momentum}
+            json.dump({**found, "compiled_graphs": graphs}, f)
     torch.distributed.destroy_process_group()
 
 
