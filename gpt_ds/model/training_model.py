@@ -71,7 +71,8 @@ CHUNKS_ENV = "GPT_DS_LOSS_CHUNKS"
 # chunks" row): "1" compiles each chunk's body (upcast, max, softmax minus one-hot, scaled cast
 # back) with inductor, which may read the chunk's logits fewer times than the eager body's
 # 6.5 fp32-equivalent passes (benchmarks/chunked_loss.py counts them). One graph per chunk
-# length: the last, shorter chunk adds one.
+# length: the last, shorter chunk adds one. Only in a run that compiles (--compile; auto on
+# GPUs): one that trains eager turns torch.compile off (training/engine_build.py run_eager).
 FUSED_ENV = "GPT_DS_LOSS_FUSED"
 
 
