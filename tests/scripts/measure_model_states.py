@@ -25,7 +25,6 @@ from pathlib import Path
 
 import deepspeed
 import torch
-import torch._dynamo
 import torch.distributed as tdist
 
 from gpt_ds.base.dist import skip_cpu_shm_op
@@ -33,14 +32,9 @@ from gpt_ds.memory.estimate import DeepSpeedRun, MemoryEstimate, ZeroSettings, e
 from gpt_ds.memory.measure import measured_model_state_bytes
 from gpt_ds.model.gpt2 import param_groups, resolve_shape
 from gpt_ds.model.training_model import build_model
-from gpt_ds.training.engine_build import gpt2_muon_split
+from gpt_ds.training.engine_build import gpt2_muon_split, run_eager
 
 REDUCE_BUCKET = 5_000_000  # small: the buckets are not measured, and CPU RAM is shared
-# DeepSpeed's Muon runs its Newton-Schulz through torch.compile; a gpt_ds run that trains eager
-# turns torch.compile off (engine_build.run_eager), and so does this script, which builds its
-# engines itself: inductor's C++ build cost ~9 CPU s a config, and nothing measured here (the
-# tensors the optimizer keeps) depends on it.
-torch._dynamo.config.disable = True
 
 
 # torch's AdamW for Muon's AdamW half too, as gpt_ds picks on CPU ranks: without `torch_adam`
@@ -155,6 +149,7 @@ def main() -> None:
     p.add_argument("--local_rank", type=int, default=-1)  # set by the DeepSpeed launcher
     args = p.parse_args()
     skip_cpu_shm_op()  # as gpt_ds's ranks start: its buffers are no model state
+    run_eager(muon=False)  # as gpt_ds's eager ranks: Muon's Newton-Schulz not compiled
     deepspeed.init_distributed()
     out = Path(args.out_dir) / f"rank{tdist.get_rank()}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
